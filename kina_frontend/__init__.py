@@ -1,0 +1,94 @@
+"""Kina frontend: parse, diagnose, prove shapes, build typed tensor IR.
+
+    from kina_frontend import load_program
+    checked = load_program("examples/storylm0_forward.kina")   # symbolic IR + proofs
+    program = specialize(checked)                              # concrete shapes
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import ast
+from .checker import CheckedProgram, Obligation, check_module, specialize
+from .diagnostics import KinaError, Source, Span
+from .interpreter import interpret
+from .parser import parse
+from .tensor_ir import Function, Operation, Program, Value, format_program, parse_ir
+from .types import DType, TensorType
+
+__version__ = "0.1.0"
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+
+# A .kina file larger than this is refused before reading (a hostile input guard).
+MAX_SOURCE_BYTES = 16 * 1024 * 1024
+
+
+def resolve_path(name: str | os.PathLike) -> Path:
+    """A path as given, or a bare example name resolved against the bundled examples."""
+    path = Path(name)
+    if path.exists() or path.parent != Path("."):
+        return path
+    for candidate in (EXAMPLES_DIR / path.name, EXAMPLES_DIR / (path.name + ".kina")):
+        if candidate.exists():
+            return candidate
+    return path
+
+
+def load_source(path: str | os.PathLike) -> Source:
+    path = resolve_path(path)
+    shown = str(path)
+    try:
+        if path.is_dir():
+            raise KinaError("io", f"{shown}: is a directory, not a .kina file", None)
+        size = path.stat().st_size
+        if size > MAX_SOURCE_BYTES:
+            raise KinaError("io", f"{shown}: file is {size} bytes; the limit is "
+                            f"{MAX_SOURCE_BYTES}", None)
+        data = path.read_bytes()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise KinaError("io", f"cannot read '{shown}': {reason}", None) from None
+    return decode_source(shown, data)
+
+
+def decode_source(name: str, data: bytes) -> Source:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        # Point at the first undecodable byte in terms of the decodable prefix.
+        prefix = data[:error.start].decode("utf-8", errors="replace")
+        source = Source(name, prefix + "\ufffd")
+        raise KinaError("lex", f"invalid UTF-8 byte 0x{data[error.start]:02x}",
+                        Span(source, len(prefix), len(prefix) + 1)) from None
+    if "\x00" in text:
+        index = text.index("\x00")
+        raise KinaError("lex", "NUL byte in source", Span(Source(name, text), index, index + 1))
+    return Source(name, text)
+
+
+def parse_source(source: Source) -> ast.Module:
+    return parse(source)
+
+
+def check_source(source: Source) -> CheckedProgram:
+    return check_module(parse(source))
+
+
+def load_program(path: str | os.PathLike) -> CheckedProgram:
+    return check_source(load_source(path))
+
+
+def program_from_text(text: str, name: str = "<string>") -> Program:
+    """Parse, check and specialise Kina source text into concrete tensor IR."""
+    return specialize(check_source(Source(name, text)))
+
+
+__all__ = [
+    "CheckedProgram", "DType", "Function", "KinaError", "Obligation", "Operation", "Program",
+    "Source", "Span", "TensorType", "Value", "check_source", "decode_source", "format_program",
+    "interpret", "load_program", "load_source", "parse_ir", "parse_source", "program_from_text",
+    "resolve_path", "specialize",
+]

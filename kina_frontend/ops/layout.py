@@ -1,0 +1,113 @@
+"""Layout ops: broadcast (numpy's right-aligned rule), reshape, transpose."""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from ..types import TensorType, format_dim
+from .registry import OpDef, Param, register
+
+
+def _dims(shape) -> str:
+    return "[" + ", ".join(format_dim(d) for d in shape) + "]"
+
+
+def _is_one(dim) -> bool:
+    return sympy.expand(sympy.sympify(dim) - 1) == 0
+
+
+def _broadcast_rule(ctx, operands, attrs):
+    (x,) = operands
+    target = tuple(attrs["shape"])
+    if len(target) < x.rank:
+        ctx.fail("shape", f"broadcast cannot lower the rank: {x} to {_dims(target)}",
+                 at="shape", notes=("broadcast aligns dims from the right and may only add "
+                                    "leading dims or expand dims of size 1",))
+    offset = len(target) - x.rank
+    for axis, src in enumerate(x.shape):
+        dst = target[offset + axis]
+        if _is_one(src):
+            ctx.record("broadcast", f"broadcast: source dim {axis} is 1 -> {format_dim(dst)}")
+            continue
+        ctx.prove_equal(src, dst, "broadcast",
+                        f"broadcast: source dim {axis} {format_dim(src)} == "
+                        f"target dim {offset + axis} {format_dim(dst)}",
+                        f"cannot broadcast {x} to {_dims(target)}: source dim {axis} is "
+                        f"{format_dim(src)}, target dim {offset + axis} is {format_dim(dst)}",
+                        at="shape",
+                        notes=("right-aligned numpy rule: each source dim must be 1 or equal "
+                               "the target dim",))
+    return (x.with_shape(target),)
+
+
+def _broadcast_reference(args, attrs):
+    (x,) = args
+    return (np.broadcast_to(x, tuple(int(d) for d in attrs["shape"])).copy(),)
+
+
+broadcast = register(OpDef(
+    "broadcast", "layout", (Param("x", "tensor"), Param("shape", "dims")),
+    _broadcast_rule, _broadcast_reference,
+    "expand x to shape by numpy's right-aligned rule (new leading dims, or size-1 dims)"))
+
+
+def _reshape_rule(ctx, operands, attrs):
+    (x,) = operands
+    target = list(attrs["shape"])
+    inferred = [i for i, d in enumerate(target) if d == -1]
+    if len(inferred) > 1:
+        ctx.fail("shape", "reshape may infer at most one dim (-1)", at="shape")
+    if inferred:
+        known = sympy.Integer(1)
+        for i, dim in enumerate(target):
+            if i != inferred[0]:
+                known *= dim
+        quotient, remainder = sympy.div(sympy.expand(x.numel()), sympy.expand(known))
+        if sympy.expand(remainder) != 0 or not quotient.is_integer:
+            ctx.fail("shape", f"reshape cannot infer the -1 dim: {format_dim(x.numel())} "
+                     f"elements are not a multiple of {format_dim(known)}", at="shape")
+        target[inferred[0]] = sympy.expand(quotient)
+        ctx.record("reshape-infer", f"reshape: -1 = {format_dim(target[inferred[0]])}")
+    src_count = sympy.expand(x.numel())
+    dst_count = sympy.expand(TensorType(x.dtype, tuple(target)).numel())
+    ctx.prove_equal(src_count, dst_count, "reshape-count",
+                    f"reshape: {format_dim(src_count)} elements == {format_dim(dst_count)}",
+                    f"reshape changes the element count: {x} has {format_dim(src_count)} "
+                    f"elements, {_dims(target)} has {format_dim(dst_count)}",
+                    at="shape",
+                    notes=("the counts must agree for every value of the constants",))
+    attrs["shape"] = tuple(target)  # canonical: the -1 resolved
+    return (x.with_shape(target),)
+
+
+def _reshape_reference(args, attrs):
+    (x,) = args
+    return (x.reshape(tuple(int(d) for d in attrs["shape"])).copy(),)
+
+
+reshape = register(OpDef(
+    "reshape", "layout", (Param("x", "tensor"), Param("shape", "dims")),
+    _reshape_rule, _reshape_reference,
+    "same elements in row-major order, new shape (one dim may be -1)"))
+
+
+def _transpose_rule(ctx, operands, attrs):
+    (x,) = operands
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(x.rank)):
+        ctx.fail("shape", f"transpose permutation {list(perm)} is not a permutation of "
+                 f"0..{x.rank - 1} for {x}", at="perm")
+    ctx.record("permutation", f"transpose: {list(perm)} permutes rank {x.rank}")
+    return (x.with_shape(tuple(x.shape[p] for p in perm)),)
+
+
+def _transpose_reference(args, attrs):
+    (x,) = args
+    return (np.ascontiguousarray(np.transpose(x, attrs["perm"])),)
+
+
+transpose = register(OpDef(
+    "transpose", "layout", (Param("x", "tensor"), Param("perm", "ints")),
+    _transpose_rule, _transpose_reference,
+    "result dim i is x's dim perm[i]"))

@@ -1,0 +1,48 @@
+"""Linear algebra: batched matmul, rank 2 to 4, equal batch dims (no implicit broadcast)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..types import format_dim
+from .registry import OpDef, Param, register
+
+
+def _matmul_rule(ctx, operands, attrs):
+    a, b = operands
+    if a.dtype != b.dtype:
+        ctx.fail("type", f"'matmul' operands have different element types: "
+                 f"{a.dtype.kina_name} and {b.dtype.kina_name}", at="b")
+    if not a.dtype.is_float:
+        ctx.fail("type", f"'matmul' needs floating-point operands, got {a.dtype.kina_name}",
+                 at="a")
+    for name, t in (("a", a), ("b", b)):
+        if not 2 <= t.rank <= 4:
+            ctx.fail("shape", f"'matmul' operand {name} has rank {t.rank}; ranks 2 to 4 are "
+                     f"supported: {t}", at=name)
+    if a.rank != b.rank:
+        ctx.fail("shape", f"'matmul' operands have different ranks: {a} and {b}", at="b",
+                 notes=("batch dims are not broadcast implicitly; broadcast the weight "
+                        "explicitly, e.g. broadcast(w, [1, D, D])",))
+    for axis in range(a.rank - 2):
+        ctx.prove_equal(a.shape[axis], b.shape[axis], "matmul-batch",
+                        f"matmul: batch dim {axis} {format_dim(a.shape[axis])} == "
+                        f"{format_dim(b.shape[axis])}",
+                        f"'matmul' batch dims differ at dim {axis}: {a} vs {b}", at="b",
+                        notes=("batch dims must be equal; broadcast explicitly",))
+    ctx.prove_equal(a.shape[-1], b.shape[-2], "matmul-inner",
+                    f"matmul: inner dim {format_dim(a.shape[-1])} == {format_dim(b.shape[-2])}",
+                    f"'matmul' inner dims differ: {a} has {format_dim(a.shape[-1])} columns, "
+                    f"{b} has {format_dim(b.shape[-2])} rows", at="b")
+    return (a.with_shape(a.shape[:-1] + (b.shape[-1],)),)
+
+
+def _matmul_reference(args, attrs):
+    a, b = args
+    return (np.matmul(a, b),)
+
+
+matmul = register(OpDef(
+    "matmul", "linalg", (Param("a", "tensor"), Param("b", "tensor")),
+    _matmul_rule, _matmul_reference,
+    "batched matrix product [..., M, K] x [..., K, N] -> [..., M, N]"))
