@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import struct
 import zipfile
 import zlib
@@ -316,8 +317,8 @@ def _read_json(path: Path) -> Any:
         raise FixtureError(path, "invalid JSON: nested too deeply") from None
 
 
-# What zipfile and np.lib.format raise on damaged bytes (bad headers, CRC mismatch, truncated
-# members, bad npy headers, object arrays refused by allow_pickle=False, ...).
+# What zipfile and the .npy header readers raise on damaged bytes (bad zip structures, CRC
+# mismatches, truncated members, malformed .npy headers).
 _ARCHIVE_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error,
                    EOFError, OSError, ValueError, NotImplementedError, RuntimeError,
                    OverflowError, UnicodeDecodeError)
@@ -341,15 +342,31 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+# The .npy versions whose header readers NumPy exposes; this module itself writes 1.0.
+_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}
+
+
 def _read_npy(path: Path, key: str, data: bytes) -> np.ndarray:
+    """One .npy member. The header is checked against the data size before any allocation,
+    so a damaged header declaring a huge shape is an error, not a MemoryError."""
     stream = io.BytesIO(data)
     try:
-        array = np.lib.format.read_array(stream, allow_pickle=False)
+        version = np.lib.format.read_magic(stream)
+        if version not in _NPY_HEADER_READERS:
+            raise ValueError(f"unsupported .npy version {version}")
+        shape, fortran_order, dtype = _NPY_HEADER_READERS[version](stream)
     except _ARCHIVE_ERRORS as error:
-        raise FixtureError(path, f"unreadable array ({error})", key) from None
-    if stream.tell() != len(data):
-        raise FixtureError(path, f"{len(data) - stream.tell()} bytes after the array data", key)
-    return array
+        raise FixtureError(path, f"unreadable array header ({error})", key) from None
+    if dtype.hasobject:  # what allow_pickle=False refuses
+        raise FixtureError(path, f"object arrays are not allowed (dtype {dtype})", key)
+    payload = len(data) - stream.tell()
+    needed = math.prod(shape) * dtype.itemsize
+    if payload != needed or dtype.itemsize == 0:
+        raise FixtureError(path, f"array data is {payload} bytes but its header "
+                                 f"({shape} {dtype}) needs {needed}", key)
+    flat = np.frombuffer(data, dtype=dtype, offset=stream.tell())
+    return flat.reshape(shape, order="F" if fortran_order else "C")
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
