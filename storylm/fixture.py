@@ -175,10 +175,10 @@ def save_checkpoint(directory: str | Path, weights: Mapping[str, np.ndarray], *,
     arrays = {"scale": attention_scale(), **weights}
     _check_arrays(folder / CHECKPOINT_FILE, arrays)
     tokens = _check_vocab(folder / VOCAB_FILE, list(vocab), "tokens")
-    if corpus is not None:
-        _check_corpus(folder / CORPUS_FILE, _corpus_json(corpus), WIDTHS.vocab_size)
     files = {"checkpoint": CHECKPOINT_FILE, "vocab": VOCAB_FILE}
-    if corpus is not None:
+    corpus_document = None if corpus is None else _corpus_json(corpus)
+    if corpus_document is not None:
+        _check_corpus(folder / CORPUS_FILE, corpus_document, WIDTHS.vocab_size)
         files["corpus"] = CORPUS_FILE
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -186,8 +186,8 @@ def save_checkpoint(directory: str | Path, weights: Mapping[str, np.ndarray], *,
                        npz_bytes({name: arrays[name] for name in CHECKPOINT_NAMES}))
     atomic_write_bytes(folder / VOCAB_FILE,
                        json_bytes({"format": VOCAB_FORMAT, "tokens": list(tokens)}))
-    if corpus is not None:
-        atomic_write_bytes(folder / CORPUS_FILE, json_bytes(_corpus_json(corpus)))
+    if corpus_document is not None:
+        atomic_write_bytes(folder / CORPUS_FILE, json_bytes(corpus_document))
     manifest = {"format": CHECKPOINT_FORMAT, "widths": WIDTHS.as_json(),
                 "vocab": list(tokens), "files": files}
     # The manifest goes last so it never names a file that has not been written yet.
