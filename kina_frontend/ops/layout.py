@@ -63,11 +63,15 @@ def _reshape_rule(ctx, operands, attrs):
         for i, dim in enumerate(target):
             if i != inferred[0]:
                 known *= dim
-        quotient, remainder = sympy.div(sympy.expand(x.numel()), sympy.expand(known))
-        if sympy.expand(remainder) != 0 or not quotient.is_integer:
+        if sympy.expand(known) == 0:
+            ctx.fail("shape", "reshape cannot infer the -1 dim next to a 0 dim", at="shape")
+        # cancel() rather than div(): div() raises on integers that do not divide (2 / 3).
+        numerator, denominator = sympy.fraction(sympy.cancel(x.numel() / known))
+        if denominator != 1:
             ctx.fail("shape", f"reshape cannot infer the -1 dim: {format_dim(x.numel())} "
-                     f"elements are not a multiple of {format_dim(known)}", at="shape")
-        target[inferred[0]] = sympy.expand(quotient)
+                     f"elements are not a multiple of {format_dim(known)}", at="shape",
+                     notes=("the quotient must be an integer for every value of the constants",))
+        target[inferred[0]] = sympy.expand(numerator)
         ctx.record("reshape-infer", f"reshape: -1 = {format_dim(target[inferred[0]])}")
     src_count = sympy.expand(x.numel())
     dst_count = sympy.expand(TensorType(x.dtype, tuple(target)).numel())
