@@ -110,7 +110,7 @@ class KinaError(Exception):
 
 def _excerpt(span: Span) -> list[str]:
     line, column = span.source.location(span.start)
-    text = span.source.line_text(line)
+    text = span.source.line_text(line).rstrip("\r")  # CRLF files: no stray carriage return
     # Keep excerpts readable for minified or generated one-line programs.
     if len(text) > 160:
         lo = max(0, column - 60)

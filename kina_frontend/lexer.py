@@ -50,11 +50,14 @@ def tokenize(source: Source) -> list[Token]:
         number = _NUMBER.match(text, pos)
         if number:
             end = number.end()
-            if end < len(text) and (text[end].isalpha() or text[end] == "_"):
-                word = _IDENT.match(text, end)
-                stop = word.end() if word else end + 1
+            if end < len(text) and (text[end].isalnum() or text[end] in "_."):
+                # `12abc`, `1.5e`, `1.2.3`: report the whole run, not a confusing later token.
+                stop = end
+                while stop < len(text) and (text[stop].isalnum() or text[stop] in "_."):
+                    stop += 1
                 raise KinaError("lex", f"malformed number {text[pos:stop]!r}",
-                                Span(source, pos, stop))
+                                Span(source, pos, stop),
+                                ("numbers look like 4, 0.5, .5, 1e-3 or 2.5E+2",))
             literal = number.group()
             is_float = any(c in literal for c in ".eE")
             tokens.append(Token("float" if is_float else "int", literal, Span(source, pos, end)))

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from . import ast
-from .diagnostics import KinaError, Source
+from .diagnostics import KinaError, Source, Span
 from .lexer import Token, tokenize
 
 # Nested expressions beyond this depth are rejected with a diagnostic rather than
-# letting Python's recursion limit turn into a traceback.
-MAX_NESTING = 200
+# letting Python's recursion limit turn into a traceback. Each level costs the parser about
+# seven Python frames and the checker about four, so 100 stays well inside the default
+# limit of 1000 even when called from a deep stack (a test runner). Operator chains count
+# too (`a + b + c` nests to the left), since the checker recurses on them.
+MAX_NESTING = 100
 
 F32_MAX = 3.4028234663852886e38
+I64_MAX = 2**63 - 1
 
 # Infix sugar: each operator maps to the Kina op it stands for (see docs/kina.md).
 INFIX_LEVELS = (("+", "-"), ("*", "/", "@"))
@@ -48,7 +52,13 @@ class Parser:
     def expect(self, text: str, context: str) -> Token:
         if self.at(text):
             return self.advance()
-        raise self.error(f"expected '{text}' {context}, found {describe(self.tok)}")
+        message = f"expected '{text}' {context}, found {describe(self.tok)}"
+        previous = self.tokens[self.pos - 1] if self.pos > 0 else None
+        if text == ";" and previous is not None and previous.span.line < self.tok.span.line:
+            # A forgotten ';' belongs at the end of the line before, not at the next token.
+            at = Span(self.source, previous.span.end, previous.span.end + 1)
+            raise KinaError("syntax", message, at)
+        raise self.error(message)
 
     def expect_ident(self, context: str) -> ast.Name:
         if self.tok.kind == "ident":
@@ -105,6 +115,9 @@ class Parser:
         self.expect(")", "to close the parameter list")
         results: tuple[ast.TensorTypeExpr, ...] = ()
         tuple_result = False
+        if self.tok.kind == "ident" and self.tok.text == "Tensor" or self.at(":"):
+            raise self.error(f"expected '->' before the result type, found {describe(self.tok)}",
+                             (f"write: fn {name.ident}(...) -> Tensor[...] {{ ... }}",))
         if self.at("->"):
             self.advance()
             if self.at("("):
@@ -144,11 +157,12 @@ class Parser:
     # ---- statements ---------------------------------------------------------------------------
 
     def parse_block(self):
-        self.expect("{", "to open a function body")
+        opener = self.expect("{", "to open a function body")
         statements: list[ast.Stmt] = []
         while not self.at("}"):
             if self.tok.kind == "eof":
-                raise self.error("unexpected end of file inside a function body; missing '}'")
+                raise self.error("unexpected end of file inside a function body; missing '}'",
+                                 (f"the body opened at {opener.span} is not closed",))
             statements.append(self.parse_statement())
         end = self.advance().span
         return tuple(statements), end
@@ -188,30 +202,38 @@ class Parser:
     # ---- expressions --------------------------------------------------------------------------
 
     def parse_expr(self) -> ast.Expr:
-        self.depth += 1
-        if self.depth > MAX_NESTING:
-            raise self.error(f"expression nested more than {MAX_NESTING} levels deep")
+        self.enter()
         try:
             return self.parse_infix(0)
         finally:
             self.depth -= 1
 
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(f"expression nested more than {MAX_NESTING} levels deep",
+                             ("split it into several 'let' bindings",))
+
     def parse_infix(self, level: int) -> ast.Expr:
         if level == len(INFIX_LEVELS):
             return self.parse_unary()
         lhs = self.parse_infix(level + 1)
-        while self.tok.kind == "punct" and self.tok.text in INFIX_LEVELS[level]:
-            op = self.advance().text
-            rhs = self.parse_infix(level + 1)
-            lhs = ast.Binary(lhs.span.to(rhs.span), op, lhs, rhs)
+        chained = 0
+        try:
+            while self.tok.kind == "punct" and self.tok.text in INFIX_LEVELS[level]:
+                self.enter()
+                chained += 1
+                op = self.advance().text
+                rhs = self.parse_infix(level + 1)
+                lhs = ast.Binary(lhs.span.to(rhs.span), op, lhs, rhs)
+        finally:
+            self.depth -= chained
         return lhs
 
     def parse_unary(self) -> ast.Expr:
         if self.at("-"):
             start = self.advance().span
-            self.depth += 1
-            if self.depth > MAX_NESTING:
-                raise self.error(f"expression nested more than {MAX_NESTING} levels deep")
+            self.enter()
             try:
                 operand = self.parse_unary()
             finally:
@@ -222,7 +244,7 @@ class Parser:
     def parse_postfix(self) -> ast.Expr:
         expr = self.parse_primary()
         while self.at("("):
-            self.advance()
+            opener = self.advance()
             args: list[ast.Expr] = []
             kwargs: list[ast.Keyword] = []
             while not self.at(")"):
@@ -234,10 +256,16 @@ class Parser:
                     kwargs.append(ast.Keyword(key.span.to(value.span), key.text, value))
                 else:
                     if kwargs:
-                        raise self.error("positional argument after a keyword argument")
+                        raise self.error("positional argument after a keyword argument",
+                                         ("keyword arguments such as axis=1 come last",))
                     args.append(self.parse_expr())
                 if not self.at(")"):
-                    self.expect(",", "between arguments")
+                    if not self.at(","):
+                        raise self.error(f"expected ',' or ')' after an argument, found "
+                                         f"{describe(self.tok)}",
+                                         (f"the argument list opened at {opener.span} is not "
+                                          "closed"),)
+                    self.advance()
             end = self.advance().span
             expr = ast.Call(expr.span.to(end), expr, tuple(args), tuple(kwargs))
         return expr
@@ -245,13 +273,20 @@ class Parser:
     def parse_primary(self) -> ast.Expr:
         token = self.tok
         if token.kind == "int":
+            # Check the digit count before int(): Python refuses > 4300 digits with ValueError.
+            if len(token.text.lstrip("0")) > 19 or int(token.text) > I64_MAX:
+                raise KinaError("lex", f"integer literal {_shorten(token.text)} is out of the "
+                                "I64 range", token.span,
+                                (f"the largest I64 is {I64_MAX}; for a large F32 constant "
+                                 "write a float literal such as 1e20"),)
             self.advance()
             return ast.IntLit(token.span, int(token.text))
         if token.kind == "float":
             self.advance()
             value = float(token.text)
             if abs(value) > F32_MAX:
-                raise KinaError("lex", f"float literal {token.text} is out of the F32 range",
+                raise KinaError("lex", f"float literal {_shorten(token.text)} is out of the "
+                                "F32 range",
                                 token.span, ("the largest finite F32 is about 3.4028235e38",))
             return ast.FloatLit(token.span, value, token.text)
         if token.kind == "ident":
@@ -287,6 +322,10 @@ class Parser:
             if not self.at(closer):
                 self.expect(",", "between list elements")
         return tuple(items)
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= 24 else f"{text[:10]}...{text[-6:]} ({len(text)} digits)"
 
 
 def describe(token: Token) -> str:
