@@ -135,7 +135,7 @@ class _Checker:
         # expression, so `const D = H * Dh` lets reshape [.., D] -> [.., H, Dh] be proved.
         self.symbols[name] = const_symbol(name) if isinstance(const.value, ast.IntLit) else expr
         self.values[name] = value
-        self.const_spans[name] = const.span
+        self.const_spans[name] = const.name.span
 
     @property
     def substitution(self) -> dict[sympy.Symbol, int]:
@@ -152,10 +152,13 @@ class _Checker:
         if name in self.symbols:
             raise KinaError("name", f"function '{name}' clashes with the const of that name",
                             decl.name.span)
-        for attribute in decl.attributes:
+        for index, attribute in enumerate(decl.attributes):
             if attribute.ident != "main":
                 raise KinaError("name", f"unknown attribute '@{attribute.ident}'",
                                 attribute.span, ("the only function attribute is @main",))
+            if any(a.ident == attribute.ident for a in decl.attributes[:index]):
+                raise KinaError("name", f"attribute '@{attribute.ident}' is given twice",
+                                attribute.span)
         params = []
         seen: dict[str, Span] = {}
         for param in decl.params:
@@ -163,6 +166,14 @@ class _Checker:
             if pname in seen:
                 raise KinaError("name", f"parameter '{pname}' is declared twice",
                                 param.name.span, (f"first declared at {seen[pname]}",))
+            # The same rule as for `let`: a dimension or callee name cannot name a tensor.
+            if pname in self.symbols:
+                raise KinaError("name", f"parameter '{pname}' has the name of a const",
+                                param.name.span,
+                                (f"const '{pname}' is defined at {self.const_spans[pname]}",))
+            if pname in REGISTRY or pname in STRUCTURAL_CALLS:
+                raise KinaError("name", f"parameter '{pname}' has the name of an op",
+                                param.name.span, ("rename the parameter",))
             seen[pname] = param.name.span
             params.append(Value(pname, self.resolve_type(param.type)))
         results = tuple(self.resolve_type(t) for t in decl.results)
@@ -192,7 +203,10 @@ class _Checker:
         is_main = any(a.ident == "main" for a in decl.attributes)
         scope = _FunctionScope(decl.name.ident, is_main)
         self.scope = scope
-        for param in signature.params:
+        for param_decl, param in zip(decl.params, signature.params, strict=True):
+            if param.name in self.signatures:
+                raise KinaError("name", f"parameter '{param.name}' has the name of a function",
+                                param_decl.name.span, ("rename the parameter",))
             scope.env[param.name] = param
             scope.used_names.add(param.name)
         results: tuple[Value, ...] | None = None
@@ -246,20 +260,26 @@ class _Checker:
             raise KinaError("arity", f"'return' gives {len(values)} value(s) but "
                             f"'{signature.decl.name.ident}' declares {len(declared)} result(s)",
                             statement.span)
+        fname = signature.decl.name.ident
+        items = statement.value.elements if isinstance(statement.value, ast.TupleExpr) else ()
         for index, (value, expected) in enumerate(zip(values, declared, strict=True)):
-            self.require_type(value.type, expected, statement.span, f"result {index}")
+            # Point at the returned expression, and say where the result type was declared.
+            where = items[index].span if len(items) == len(values) else statement.value.span
+            self.require_type(value.type, expected, where, f"result {index} of '{fname}'",
+                              (f"the result type is declared at "
+                               f"{signature.decl.results[index].span}"),)
         return values
 
     def require_type(self, actual: TensorType, expected: TensorType, span: Span,
-                     what: str) -> None:
+                     what: str, notes: tuple[str, ...] = ()) -> None:
         if actual.dtype != expected.dtype or actual.rank != expected.rank:
             raise KinaError("type", f"{what}: expected {expected.surface()}, got "
-                            f"{actual.surface()}", span)
+                            f"{actual.surface()}", span, notes)
         ctx = _OpContext(self, "return", span, {})
         for axis, (a, b) in enumerate(zip(actual.shape, expected.shape, strict=True)):
             ctx.prove_equal(a, b, "type-equality", f"{what}: dim {axis} {format_dim(a)} == "
                             f"{format_dim(b)}", f"{what}: expected {expected.surface()}, got "
-                            f"{actual.surface()} (dim {axis} differs)")
+                            f"{actual.surface()} (dim {axis} differs)", notes=notes)
 
     # ---- expressions --------------------------------------------------------------------------
 
@@ -411,8 +431,10 @@ class _Checker:
                     raise KinaError("name", f"'{item.ident}' appears twice in wrt", item.span)
                 if not signature.params[index].type.dtype.is_float:
                     raise KinaError("autodiff", f"cannot differentiate with respect to "
-                                    f"'{item.ident}': it is {signature.params[index].type}",
-                                    item.span)
+                                    f"'{item.ident}': it is "
+                                    f"{signature.params[index].type.surface()}", item.span,
+                                    ("only floating-point parameters have gradients; leave "
+                                     "integer inputs such as ids out of wrt"),)
                 wrt.append(index)
         if not inner.kwargs:
             wrt = [i for i, p in enumerate(signature.params) if p.type.dtype.is_float]
@@ -461,7 +483,9 @@ class _Checker:
         for name, (number, expr) in literals.items():
             if not like.dtype.is_float and isinstance(number, float):
                 raise KinaError("type", f"float literal {number} used with an "
-                                f"{like.dtype.kina_name} tensor", expr.span)
+                                f"{like.dtype.kina_name} tensor", expr.span,
+                                ("a literal takes the element type of the other operand; "
+                                 "write an integer, or use an F32 tensor"),)
             value = float(number) if like.dtype.is_float else int(number)
             attrs = {"value": value, "shape": like.shape, "dtype": like.dtype.value}
             (filled,) = self.emit("fill", (), attrs, (like,), expr.span, None)
@@ -544,17 +568,18 @@ class _Checker:
                             span, (f"the largest supported dimension is {MAX_DIM}",))
 
     def require_concrete(self, ttype: TensorType, span: Span, what: str) -> None:
+        subject = f"the type {ttype.surface()}" if what == "type" else \
+            f"'{what}' produces {ttype}, which"
         count = 1
         for dim in ttype.shape:
             value = int(sympy.sympify(dim).subs(self.substitution))
             if value < 1 or value > MAX_DIM:
-                raise KinaError("shape", f"'{what}' produces {ttype}, whose dim "
-                                f"{format_dim(dim)} = {value} is out of range", span,
-                                (f"dimensions must lie in 1..{MAX_DIM}",))
+                raise KinaError("shape", f"{subject} has dim {format_dim(dim)} = {value}, out "
+                                "of range", span, (f"dimensions must lie in 1..{MAX_DIM}",))
             count *= value
         if count > MAX_ELEMENTS:
-            raise KinaError("shape", f"'{what}' produces {ttype} with {count} elements, more "
-                            f"than the supported {MAX_ELEMENTS}", span)
+            raise KinaError("shape", f"{subject} has {count} elements, more than the supported "
+                            f"{MAX_ELEMENTS}", span)
 
     def resolve_type(self, texpr: ast.TensorTypeExpr) -> TensorType:
         dname = texpr.dtype.ident
@@ -605,9 +630,17 @@ class _OpContext:
         extra = [f"{format_dim(lhs)} - ({format_dim(rhs)}) simplifies to "
                  f"{format_dim(difference)}, not 0"]
         if concrete_lhs == concrete_rhs:
-            extra.append(f"they are equal for the current values ({concrete_lhs}), but shapes "
-                         "must agree for every value of the constants; define one const in "
-                         "terms of the other")
+            extra.append(f"they are equal for the current values ({concrete_lhs}), but not "
+                         "for every value of the constants, and shapes are checked for all "
+                         "values")
+            lhs_e, rhs_e = sympy.sympify(lhs), sympy.sympify(rhs)
+            if kind == "reshape-count":
+                extra.append("write the target dims with the consts of the source shape")
+            elif lhs_e.is_Integer != rhs_e.is_Integer:
+                symbolic, literal = (rhs_e, lhs_e) if lhs_e.is_Integer else (lhs_e, rhs_e)
+                extra.append(f"write {format_dim(symbolic)} instead of the literal {literal}")
+            else:
+                extra.append("define one const in terms of the other (e.g. const D = H * Dh)")
         raise KinaError("shape", message, self._span(at), tuple(notes) + tuple(extra))
 
     def fail(self, kind, message, at=None, notes=()) -> None:
