@@ -314,6 +314,8 @@ class _IRParser:
         if kind == "string":
             self.next()
             return re.sub(r"\\(.)", r"\1", text[1:-1])
+        if text in self.symbols:
+            return self.dim()
         if kind == "word" and text in ("true", "false"):
             self.next()
             return text == "true"
@@ -326,20 +328,53 @@ class _IRParser:
         return self.dim()
 
     def dim(self):
-        # Symbolic dims are printed in sympy's syntax without spaces: T*4, T+1, 2*T-1.
-        pieces = []
+        """A dim as sympy prints it without spaces (T*4, 2*T-1, T**2), parsed by precedence
+        with the consts as symbols -- not by sympify, which chokes on const names that are
+        Python keywords (`lambda`, `in`) or sympy names."""
+        expr = self.dim_sum()
+        return int(expr) if expr.is_Integer else expr
+
+    def dim_sum(self) -> sympy.Expr:
+        total = self.dim_term()
         while True:
             kind, text = self.peek()
-            if kind in ("number", "word") or text in ("*", "+", "-", "(", ")"):
-                if text == ")" and pieces.count("(") <= pieces.count(")"):
-                    break
-                pieces.append(self.next()[1])
+            if text in ("+", "-"):
+                self.next()
+                rhs = self.dim_term()
+                total = total + rhs if text == "+" else total - rhs
+            elif kind == "number" and text.startswith("-") and text not in self.symbols:
+                total = total + self.dim_term()  # `T-1` lexes as T, -1
             else:
-                break
-        expr = "".join(pieces)
-        if re.fullmatch(r"\d+", expr):
-            return int(expr)
-        return sympy.sympify(expr, locals=self.symbols)
+                return total
+
+    def dim_term(self) -> sympy.Expr:
+        product = self.dim_power()
+        while self.peek()[1] == "*" and self.tokens[self.pos + 1][1] != "*":
+            self.next()
+            product = product * self.dim_power()
+        return product
+
+    def dim_power(self) -> sympy.Expr:
+        base = self.dim_atom()
+        if self.peek()[1] == "*" and self.tokens[self.pos + 1][1] == "*":
+            self.next()
+            self.next()
+            return base ** self.dim_power()
+        return base
+
+    def dim_atom(self) -> sympy.Expr:
+        kind, text = self.next()
+        if text in self.symbols:
+            return self.symbols[text]
+        if text == "-":
+            return -self.dim_power()
+        if text == "(":
+            inner = self.dim_sum()
+            self.expect(")")
+            return inner
+        if kind == "number" and re.fullmatch(r"-?\d+", text):
+            return sympy.Integer(int(text))
+        raise IRParseError(f"expected a dimension, found {text!r}")
 
     def type(self) -> TensorType:
         _, dtype = self.next()
