@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tilegen import loopir as L
+
 from ..types import DType, TensorType, format_dim
 from .registry import OpDef, Param, register
 
@@ -63,36 +65,61 @@ def _unary_reference(ufunc):
     return reference
 
 
+def _binary_lower(opname: str):
+    def lower(ctx, op, operands):
+        lhs, rhs = operands
+        return ctx.view(op.result.type, lambda index: L.binary(opname, lhs.at(index),
+                                                               rhs.at(index)))
+    return lower
+
+
+def _unary_lower(opname: str):
+    def lower(ctx, op, operands):
+        (x,) = operands
+        return ctx.view(op.result.type,
+                        lambda index: L.Unary(opname, x.at(index), x.at(index).dtype))
+    return lower
+
+
 _BINARY_PARAMS = (Param("lhs", "tensor_or_literal"), Param("rhs", "tensor_or_literal"))
 
 add = register(OpDef(
     "add", "elementwise", _BINARY_PARAMS, _binary_rule("add", False), _binary_reference(np.add),
-    "lhs + rhs elementwise"))
+    "lhs + rhs elementwise",
+    lower=_binary_lower("add")))
 sub = register(OpDef(
     "sub", "elementwise", _BINARY_PARAMS, _binary_rule("sub", False),
-    _binary_reference(np.subtract), "lhs - rhs elementwise"))
+    _binary_reference(np.subtract), "lhs - rhs elementwise",
+    lower=_binary_lower("sub")))
 mul = register(OpDef(
     "mul", "elementwise", _BINARY_PARAMS, _binary_rule("mul", False),
-    _binary_reference(np.multiply), "lhs * rhs elementwise"))
+    _binary_reference(np.multiply), "lhs * rhs elementwise",
+    lower=_binary_lower("mul")))
 div = register(OpDef(
     "div", "elementwise", _BINARY_PARAMS, _binary_rule("div", True),
-    _binary_reference(np.divide), "lhs / rhs elementwise (floating point only)"))
+    _binary_reference(np.divide), "lhs / rhs elementwise (floating point only)",
+    lower=_binary_lower("div")))
 
 neg = register(OpDef(
     "neg", "elementwise", (Param("x", "tensor"),), _unary_rule("neg", False),
-    _unary_reference(np.negative), "-x elementwise"))
+    _unary_reference(np.negative), "-x elementwise",
+    lower=_unary_lower("neg")))
 exp = register(OpDef(
     "exp", "elementwise", (Param("x", "tensor"),), _unary_rule("exp", True),
-    _unary_reference(np.exp), "e^x elementwise"))
+    _unary_reference(np.exp), "e^x elementwise",
+    lower=_unary_lower("exp")))
 log = register(OpDef(
     "log", "elementwise", (Param("x", "tensor"),), _unary_rule("log", True),
-    _unary_reference(np.log), "natural logarithm elementwise (-inf at 0, nan below)"))
+    _unary_reference(np.log), "natural logarithm elementwise (-inf at 0, nan below)",
+    lower=_unary_lower("log")))
 sqrt = register(OpDef(
     "sqrt", "elementwise", (Param("x", "tensor"),), _unary_rule("sqrt", True),
-    _unary_reference(np.sqrt), "square root elementwise (nan below 0)"))
+    _unary_reference(np.sqrt), "square root elementwise (nan below 0)",
+    lower=_unary_lower("sqrt")))
 tanh = register(OpDef(
     "tanh", "elementwise", (Param("x", "tensor"),), _unary_rule("tanh", True),
-    _unary_reference(np.tanh), "hyperbolic tangent elementwise"))
+    _unary_reference(np.tanh), "hyperbolic tangent elementwise",
+    lower=_unary_lower("tanh")))
 
 
 def _fill_rule(ctx, operands, attrs):
@@ -104,11 +131,18 @@ def _fill_reference(args, attrs):
     return (np.full(tuple(int(d) for d in attrs["shape"]), attrs["value"], dtype=dtype),)
 
 
+def _fill_lower(ctx, op, operands):
+    # DType values ("f32", "f64", "i64") are the loop IR's scalar type names.
+    constant = L.Const(op.attr("value"), op.attr("dtype"))
+    return ctx.view(op.result.type, lambda index: constant)
+
+
 fill = register(OpDef(
     "fill", "elementwise", (Param("value", "dim"), Param("shape", "dims"), Param("dtype", "dim")),
     _fill_rule, _fill_reference,
     "a tensor of the given shape holding one number (what a number literal operand becomes)",
-    internal=True, differentiable=False))
+    internal=True, differentiable=False,
+    lower=_fill_lower))
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tilegen import loopir as L
+
 from ..types import DType, TensorType
 from .registry import OpDef, Param, register
 
@@ -40,10 +42,21 @@ def _gather_reference(args, attrs):
     return (table[ids],)
 
 
+def _gather_lower(ctx, op, operands):
+    table, ids = operands
+    rows, width = table.type.concrete_shape
+    row_id = ctx.id_checker(ctx.reusable(ids, width), rows)
+
+    def at(index):
+        return table.at((row_id(index[:-1]), index[-1]))
+    return ctx.view(op.result.type, at)
+
+
 gather = register(OpDef(
     "gather", "indexing", (Param("table", "tensor"), Param("ids", "tensor")),
     _gather_rule, _gather_reference,
-    "rows of table[V, D] picked by ids[...] -> [..., D]; ids must lie in [0, V)"))
+    "rows of table[V, D] picked by ids[...] -> [..., D]; ids must lie in [0, V)",
+    lower=_gather_lower))
 
 
 def _one_hot_rule(ctx, operands, attrs):
@@ -60,7 +73,19 @@ def _one_hot_reference(args, attrs):
     return ((ids[..., None] == np.arange(n)).astype(np.float32),)
 
 
+def _one_hot_lower(ctx, op, operands):
+    (ids,) = operands
+    n = int(op.attr("n"))
+    class_id = ctx.id_checker(ctx.reusable(ids, n), n)
+
+    def at(index):
+        hit = L.binary("eq", class_id(index[:-1]), index[-1])
+        return L.Select(hit, L.Const(1.0, L.F32), L.Const(0.0, L.F32), L.F32)
+    return ctx.view(op.result.type, at)
+
+
 one_hot = register(OpDef(
     "one_hot", "indexing", (Param("ids", "tensor"), Param("n", "dim")),
     _one_hot_rule, _one_hot_reference,
-    "F32 [..., n] with 1 at each id's index; ids must lie in [0, n)", differentiable=False))
+    "F32 [..., n] with 1 at each id's index; ids must lie in [0, n)", differentiable=False,
+    lower=_one_hot_lower))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
+from tilegen import loopir as L
+
 from ..types import TensorType, format_dim
 from .registry import OpDef, Param, register
 
@@ -46,10 +48,31 @@ def _broadcast_reference(args, attrs):
     return (np.broadcast_to(x, tuple(int(d) for d in attrs["shape"])).copy(),)
 
 
+def _broadcast_lower(ctx, op, operands):
+    (x,) = operands
+    source = x.type.concrete_shape
+    target = op.result.type.concrete_shape
+    offset = len(target) - len(source)
+    x = ctx.reusable(x, _count(target) // _count(source))
+
+    def at(index):
+        return x.at(tuple(L.const(0) if source[a] == 1 else index[offset + a]
+                          for a in range(len(source))))
+    return ctx.view(op.result.type, at)
+
+
+def _count(shape) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
 broadcast = register(OpDef(
     "broadcast", "layout", (Param("x", "tensor"), Param("shape", "dims")),
     _broadcast_rule, _broadcast_reference,
-    "expand x to shape by numpy's right-aligned rule (new leading dims, or size-1 dims)"))
+    "expand x to shape by numpy's right-aligned rule (new leading dims, or size-1 dims)",
+    lower=_broadcast_lower))
 
 
 def _reshape_rule(ctx, operands, attrs):
@@ -90,10 +113,22 @@ def _reshape_reference(args, attrs):
     return (x.reshape(tuple(int(d) for d in attrs["shape"])).copy(),)
 
 
+def _reshape_lower(ctx, op, operands):
+    (x,) = operands
+    source = x.type.concrete_shape
+    target = op.result.type.concrete_shape
+    simplify = ctx.simplifier
+
+    def at(index):
+        return x.at(simplify.delinearize(simplify.linearize(index, target), source))
+    return ctx.view(op.result.type, at)
+
+
 reshape = register(OpDef(
     "reshape", "layout", (Param("x", "tensor"), Param("shape", "dims")),
     _reshape_rule, _reshape_reference,
-    "same elements in row-major order, new shape (one dim may be -1)"))
+    "same elements in row-major order, new shape (one dim may be -1)",
+    lower=_reshape_lower))
 
 
 def _transpose_rule(ctx, operands, attrs):
@@ -111,7 +146,20 @@ def _transpose_reference(args, attrs):
     return (np.ascontiguousarray(np.transpose(x, attrs["perm"])),)
 
 
+def _transpose_lower(ctx, op, operands):
+    (x,) = operands
+    perm = op.attr("perm")
+
+    def at(index):
+        source_index = [None] * len(perm)
+        for result_axis, source_axis in enumerate(perm):
+            source_index[source_axis] = index[result_axis]
+        return x.at(tuple(source_index))
+    return ctx.view(op.result.type, at)
+
+
 transpose = register(OpDef(
     "transpose", "layout", (Param("x", "tensor"), Param("perm", "ints")),
     _transpose_rule, _transpose_reference,
-    "result dim i is x's dim perm[i]"))
+    "result dim i is x's dim perm[i]",
+    lower=_transpose_lower))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tilegen import loopir as L
+
 from ..types import format_dim
 from .registry import OpDef, Param, register
 
@@ -42,7 +44,24 @@ def _matmul_reference(args, attrs):
     return (np.matmul(a, b),)
 
 
+def _matmul_lower(ctx, op, operands):
+    a, b = operands
+    rows, inner = a.type.concrete_shape[-2:]
+    cols = b.type.concrete_shape[-1]
+    a = ctx.reusable(a, cols)
+    b = ctx.reusable(b, rows)
+    dtype = a.type.dtype.value
+
+    def at(index):
+        batch, i, j = index[:-2], index[-2], index[-1]
+        k = ctx.var(inner, "k")
+        product = L.binary("mul", a.at(batch + (i, k)), b.at(batch + (k, j)))
+        return L.Reduce("sum", k, inner, product, dtype)
+    return ctx.view(op.result.type, at)
+
+
 matmul = register(OpDef(
     "matmul", "linalg", (Param("a", "tensor"), Param("b", "tensor")),
     _matmul_rule, _matmul_reference,
-    "batched matrix product [..., M, K] x [..., K, N] -> [..., M, N]"))
+    "batched matrix product [..., M, K] x [..., K, N] -> [..., M, N]",
+    lower=_matmul_lower))

@@ -1,0 +1,28 @@
+"""tilegen: a Triton-style tile-kernel generator for the CPU, fed by Kina programs.
+
+    import tilegen
+    module = tilegen.compile_file("examples/storylm0_forward.kina")   # in-process JIT
+    logits = module.storylm0_forward(ids, embed, mask, scale, wq, wk, wv, wo, lm_head)
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["ArgumentError", "IdOutOfRangeError", "KinaError", "compile_file",
+           "compile_program", "compile_source", "__version__"]
+
+
+def __getattr__(name: str):
+    # Importing the package stays cheap (the CLI's --help, --version); the compiler and
+    # llvmlite load on first use.
+    if name in ("compile_file", "compile_source", "compile_program"):
+        from . import api
+        return getattr(api, name)
+    if name in ("ArgumentError", "IdOutOfRangeError"):
+        from . import runtime
+        return getattr(runtime, name)
+    if name == "KinaError":
+        from kina_frontend import KinaError
+        return KinaError
+    raise AttributeError(name)

@@ -1,0 +1,633 @@
+"""Loop-nest IR -> LLVM IR with llvmlite's IR builder.
+
+One LLVM function per kernel: `i64 @name(ptr buf0, ..., ptr bufN, ptr err)` taking the
+input then output buffers; it returns 0, or 1 + the index of the id check that failed
+(with the id and its position written to `err[0..2]`). Loops tagged `vector` run in
+`width`-lane tiles; the remainder runs as one tile under a constant lane mask, so no
+lane ever touches memory outside its buffer. Inside a tile every expression is either
+uniform (a scalar) or varying (a vector); loads pick a contiguous vector load, a scalar
+load and splat, or a gather from the index's coefficient of the lane variable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+
+from . import loopir as L
+from .affine import to_affine
+from .vecmath import MathLibrary
+
+I1 = ir.IntType(1)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL: I1}
+ELEMENT_BYTES = {L.F32: 4, L.F64: 8, L.I64: 8}
+
+# Temporaries up to this size live on the stack; larger ones are malloc'ed and freed.
+STACK_TEMP_BYTES = 64 * 1024
+# Float ops may be contracted into FMAs (more accurate, never less).
+FLOAT_FLAGS = ("contract",)
+
+
+@dataclass(frozen=True)
+class Val:
+    value: ir.Value
+    vector: bool
+
+
+@dataclass
+class _Lane:
+    """The vector tile being generated: lane variable, width, scalar base index, mask."""
+
+    var: str
+    width: int
+    base: ir.Value
+    mask: ir.Value | None
+
+
+def _const(dtype: str, value) -> ir.Constant:
+    if dtype in (L.F32, L.F64):
+        return ir.Constant(SCALAR_LLVM[dtype], float(value))
+    return ir.Constant(SCALAR_LLVM[dtype], int(value))
+
+
+class KernelCodegen:
+    def __init__(self, module: ir.Module, kernel: L.Kernel, symbol: str, math: MathLibrary):
+        self.module = module
+        self.kernel = kernel
+        self.math = math
+        io = list(kernel.inputs) + list(kernel.outputs)
+        fnty = ir.FunctionType(I64, [PTR] * (len(io) + 1))
+        self.function = ir.Function(module, fnty, name=symbol)
+        self.function.attributes.add("nounwind")
+        for arg, name in zip(self.function.args, io + ["err"]):
+            arg.name = f"buf.{name}" if name != "err" else "err"
+            arg.add_attribute("noundef")
+        for arg in self.function.args[len(kernel.inputs):len(io)]:
+            arg.add_attribute("noalias")
+        self.pointers: dict[str, ir.Value] = dict(zip(io, self.function.args))
+        self.err = self.function.args[-1]
+        self.buffers = {b.name: b for b in kernel.buffers}
+        self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
+        self.exit_block = self.function.append_basic_block("exit")
+        self.status_incoming: list[tuple[ir.Value, ir.Block]] = []
+        self.heap: list[ir.Value] = []
+        self.env: list[dict[str, Val]] = [{}]
+        self.cache: list[dict[L.Expr, Val]] = [{}]
+        self.lane: _Lane | None = None
+        self.varying_names: set[str] = set()
+
+    # ---- function frame -----------------------------------------------------------------------
+
+    def build(self) -> ir.Function:
+        for buffer in self.kernel.buffers:
+            if buffer.role == "temp":
+                self.pointers[buffer.name] = self._allocate(buffer)
+        for stmt in self.kernel.body:
+            self.stmt(stmt)
+        self._finish(ir.Constant(I64, 0))
+        self.b.position_at_end(self.exit_block)
+        status = self.b.phi(I64, name="status")
+        for value, block in self.status_incoming:
+            status.add_incoming(value, block)
+        for pointer in self.heap:
+            self.b.call(self._free(), [pointer])
+        self.b.ret(status)
+        return self.function
+
+    def _allocate(self, buffer: L.Buffer) -> ir.Value:
+        nbytes = buffer.size * ELEMENT_BYTES[buffer.dtype]
+        if nbytes <= STACK_TEMP_BYTES:
+            slot = self.b.alloca(SCALAR_LLVM[buffer.dtype], size=ir.Constant(I64, buffer.size),
+                                 name=f"tmp.{buffer.name}")
+            slot.align = 64
+            slot.type = PTR  # LLVM 22 pointers are opaque; llvmlite would keep `float*`
+            return slot
+        pointer = self.b.call(self._malloc(), [ir.Constant(I64, nbytes)], name=f"heap.{buffer.name}")
+        self.heap.append(pointer)
+        # Running out of memory ends the call with status -1 instead of a crash.
+        failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
+        with self.b.if_then(failed, likely=False):
+            self._finish(ir.Constant(I64, -1))
+        return pointer
+
+    def _finish(self, status: ir.Value) -> None:
+        self.status_incoming.append((status, self.b.block))
+        self.b.branch(self.exit_block)
+
+    def _malloc(self) -> ir.Function:
+        return self._declare("malloc", ir.FunctionType(PTR, [I64]))
+
+    def _free(self) -> ir.Function:
+        return self._declare("free", ir.FunctionType(ir.VoidType(), [PTR]))
+
+    def _declare(self, name: str, fnty: ir.FunctionType) -> ir.Function:
+        existing = self.module.globals.get(name)
+        return existing if existing is not None else ir.Function(self.module, fnty, name=name)
+
+    # ---- statements ---------------------------------------------------------------------------
+
+    def stmt(self, stmt: L.Stmt) -> None:
+        if isinstance(stmt, L.For):
+            if stmt.kind == "vector" and self.lane is None:
+                self._vector_for(stmt)
+            else:
+                self._serial_for(stmt)
+        elif isinstance(stmt, L.Let):
+            value = self.expr(stmt.value)
+            if value.vector:
+                self.varying_names.add(stmt.var.name)
+            self.env[-1][stmt.var.name] = value
+        elif isinstance(stmt, L.Store):
+            self._store(stmt)
+        else:
+            raise TypeError(stmt)
+
+    def _push(self) -> None:
+        self.env.append({})
+        self.cache.append({})
+
+    def _pop(self) -> None:
+        self.env.pop()
+        self.cache.pop()
+
+    def _serial_for(self, loop: L.For) -> None:
+        def body(index, carried):
+            self._push()
+            self.env[-1][loop.var.name] = Val(index, False)
+            for inner in loop.body:
+                self.stmt(inner)
+            self._pop()
+            return carried
+        self._loop(0, loop.extent, 1, [], body)
+
+    def _vector_for(self, loop: L.For) -> None:
+        width = loop.width
+        main = loop.extent // width * width
+        if main:
+            def body(index, carried):
+                self._in_tile(loop.var.name, width, index, None, loop.body)
+                return carried
+            self._loop(0, main, width, [], body)
+        if loop.extent - main:
+            mask = self._tail_mask(width, loop.extent - main)
+            self._in_tile(loop.var.name, width, ir.Constant(I64, main), mask, loop.body)
+
+    def _in_tile(self, var, width, base, mask, body) -> None:
+        saved = self.lane
+        self.lane = _Lane(var, width, base, mask)
+        self._push()
+        for inner in body:
+            self.stmt(inner)
+        self._pop()
+        self.lane = saved
+
+    def _tail_mask(self, width: int, active: int) -> ir.Value:
+        return ir.Constant(ir.VectorType(I1, width), [1 if i < active else 0
+                                                      for i in range(width)])
+
+    def _loop(self, start: int, stop: int, step: int, inits: list[ir.Value], body):
+        """A counted loop [start, stop) by `step` (stop > start) carrying values."""
+        pre = self.b.block
+        header = self.function.append_basic_block("loop")
+        after = self.function.append_basic_block("after")
+        self.b.branch(header)
+        self.b.position_at_end(header)
+        index = self.b.phi(I64, name="i")
+        index.add_incoming(ir.Constant(I64, start), pre)
+        phis = []
+        for init in inits:
+            phi = self.b.phi(init.type)
+            phi.add_incoming(init, pre)
+            phis.append(phi)
+        updated = body(index, phis)
+        following = self.b.add(index, ir.Constant(I64, step), flags=("nuw", "nsw"))
+        latch = self.b.block
+        index.add_incoming(following, latch)
+        for phi, value in zip(phis, updated, strict=True):
+            phi.add_incoming(value, latch)
+        more = self.b.icmp_unsigned("<", following, ir.Constant(I64, stop))
+        self.b.cbranch(more, header, after)
+        self.b.position_at_end(after)
+        return updated
+
+    # ---- memory -------------------------------------------------------------------------------
+
+    def _flat_offset(self, buffer: L.Buffer, index: tuple[L.Expr, ...]) -> L.Expr:
+        flat: L.Expr = L.const(0)
+        for component, stride in zip(index, buffer.strides, strict=True):
+            flat = L.add(flat, L.mul(component, L.const(stride)))
+        return flat
+
+    def _address_plan(self, buffer: L.Buffer, index: tuple[L.Expr, ...]):
+        """('scalar', offset) | ('contiguous', offset) | ('strided', offset, coeff) |
+        ('gather', offsets) for the current tile."""
+        flat = self._flat_offset(buffer, index)
+        lane = self.lane
+        if lane is None or not self._depends_on_lane(flat):
+            return ("scalar", self.expr(flat).value)
+        affine = to_affine(flat)
+        if any(self._depends_on_lane(e) for e, _ in affine.opaque):
+            return ("gather", self._as_vector(self.expr(flat)))
+        coefficient = affine.coefficient(lane.var)
+        base = self._uniform(flat)
+        if coefficient == 1:
+            return ("contiguous", base)
+        return ("strided", base, coefficient)
+
+    def _uniform(self, expr: L.Expr) -> ir.Value:
+        """`expr` evaluated with the lane variable at the tile's base (lane 0)."""
+        lane = self.lane
+        self.lane = None
+        self._push()
+        self.env[-1][lane.var] = Val(lane.base, False)
+        try:
+            value = self.expr(expr)
+        finally:
+            self._pop()
+            self.lane = lane
+        assert not value.vector
+        return value.value
+
+    def _depends_on_lane(self, expr: L.Expr) -> bool:
+        names = L.free_vars(expr)
+        return self.lane is not None and (self.lane.var in names or
+                                          bool(names & self.varying_names))
+
+    def _element_pointer(self, buffer: L.Buffer, offset: ir.Value) -> ir.Value:
+        return self.b.gep(self.pointers[buffer.name], [offset], inbounds=True,
+                          source_etype=SCALAR_LLVM[buffer.dtype])
+
+    def _vector_gep(self, buffer: L.Buffer, offsets: ir.Value) -> ir.Value:
+        pointers = self.b.gep(self.pointers[buffer.name], [offsets], inbounds=True,
+                              source_etype=SCALAR_LLVM[buffer.dtype])
+        # llvmlite types a GEP by its base pointer; with vector offsets it yields a vector of
+        # pointers.
+        pointers.type = ir.VectorType(PTR, offsets.type.count)
+        return pointers
+
+    def _lane_offsets(self, base: ir.Value, coefficient: int) -> ir.Value:
+        width = self.lane.width
+        steps = ir.Constant(ir.VectorType(I64, width), [i * coefficient for i in range(width)])
+        return self.b.add(self._splat(base, width), steps)
+
+    def _load(self, load: L.Load) -> Val:
+        buffer = self.buffers[load.buffer]
+        element = SCALAR_LLVM[buffer.dtype]
+        plan = self._address_plan(buffer, load.index)
+        if plan[0] == "scalar":
+            return Val(self.b.load(self._element_pointer(buffer, plan[1]), typ=element), False)
+        width = self.lane.width
+        vtype = ir.VectorType(element, width)
+        mask = self.lane.mask
+        if plan[0] == "contiguous":
+            pointer = self._element_pointer(buffer, plan[1])
+            if mask is None:
+                return Val(self.b.load(pointer, typ=vtype, align=ELEMENT_BYTES[buffer.dtype]),
+                           True)
+            intrinsic = self._intrinsic("llvm.masked.load", vtype, [PTR, I32, mask.type, vtype])
+            return Val(self.b.call(intrinsic, [pointer, ir.Constant(I32, ELEMENT_BYTES[
+                buffer.dtype]), mask, ir.Constant(vtype, None)]), True)
+        offsets = self._lane_offsets(plan[1], plan[2]) if plan[0] == "strided" else plan[1]
+        return Val(self._gather(buffer, offsets, vtype), True)
+
+    def _gather(self, buffer: L.Buffer, offsets: ir.Value, vtype: ir.VectorType) -> ir.Value:
+        width = vtype.count
+        pointers = self._vector_gep(buffer, offsets)
+        mask = self.lane.mask if self.lane.mask is not None else ir.Constant(
+            ir.VectorType(I1, width), [1] * width)
+        intrinsic = self._intrinsic("llvm.masked.gather", vtype,
+                                    [ir.VectorType(PTR, width), I32, mask.type, vtype])
+        return self.b.call(intrinsic, [pointers, ir.Constant(I32, ELEMENT_BYTES[buffer.dtype]),
+                                       mask, ir.Constant(vtype, None)])
+
+    def _store(self, store: L.Store) -> None:
+        buffer = self.buffers[store.buffer]
+        element = SCALAR_LLVM[buffer.dtype]
+        value = self.expr(store.value)
+        plan = self._address_plan(buffer, store.index)
+        if plan[0] == "scalar":
+            if value.vector:
+                raise AssertionError("a varying value stored to one address")
+            self.b.store(value.value, self._element_pointer(buffer, plan[1]))
+            return
+        width = self.lane.width
+        vtype = ir.VectorType(element, width)
+        vector = self._as_vector(value)
+        mask = self.lane.mask
+        if plan[0] == "contiguous":
+            pointer = self._element_pointer(buffer, plan[1])
+            if mask is None:
+                self.b.store(vector, pointer, align=ELEMENT_BYTES[buffer.dtype])
+                return
+            intrinsic = self._intrinsic("llvm.masked.store", None,
+                                        [vtype, PTR, I32, mask.type], overload=(vtype,))
+            self.b.call(intrinsic, [vector, pointer, ir.Constant(I32, ELEMENT_BYTES[
+                buffer.dtype]), mask])
+            return
+        offsets = (self._lane_offsets(plan[1], plan[2]) if plan[0] == "strided" else plan[1])
+        pointers = self._vector_gep(buffer, offsets)
+        mask = mask if mask is not None else ir.Constant(ir.VectorType(I1, width), [1] * width)
+        intrinsic = self._intrinsic("llvm.masked.scatter", None,
+                                    [vtype, ir.VectorType(PTR, width), I32, mask.type],
+                                    overload=(vtype,))
+        self.b.call(intrinsic, [vector, pointers, ir.Constant(I32, ELEMENT_BYTES[buffer.dtype]),
+                                mask])
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def expr(self, expr: L.Expr) -> Val:
+        for cache in reversed(self.cache):
+            hit = cache.get(expr)
+            if hit is not None:
+                return hit
+        value = self._expr(expr)
+        self.cache[-1][expr] = value
+        return value
+
+    def _expr(self, expr: L.Expr) -> Val:
+        if isinstance(expr, L.Const):
+            return Val(_const(expr.dtype, expr.value), False)
+        if isinstance(expr, L.Var):
+            return self._var(expr)
+        if isinstance(expr, L.Load):
+            return self._load(expr)
+        if isinstance(expr, L.Binary):
+            return self._binary(expr.op, self.expr(expr.lhs), self.expr(expr.rhs),
+                                expr.lhs.dtype)
+        if isinstance(expr, L.Unary):
+            return self._unary(expr.op, self.expr(expr.operand), expr.dtype)
+        if isinstance(expr, L.Select):
+            cond, yes, no = (self.expr(expr.cond), self.expr(expr.if_true),
+                             self.expr(expr.if_false))
+            cond, yes, no = self._unify(cond, yes, no)
+            return Val(self.b.select(cond.value, yes.value, no.value), cond.vector)
+        if isinstance(expr, L.Cast):
+            return self._cast(self.expr(expr.operand), expr.operand.dtype, expr.dtype)
+        if isinstance(expr, L.Reduce):
+            return self._reduce(expr)
+        if isinstance(expr, L.CheckedId):
+            return self._checked_id(expr)
+        raise TypeError(expr)
+
+    def _var(self, var: L.Var) -> Val:
+        if self.lane is not None and var.name == self.lane.var:
+            return Val(self._lane_offsets(self.lane.base, 1), True)
+        for scope in reversed(self.env):
+            if var.name in scope:
+                return scope[var.name]
+        raise KeyError(f"unbound variable {var.name}")
+
+    def _splat(self, value: ir.Value, width: int) -> ir.Value:
+        vtype = ir.VectorType(value.type, width)
+        inserted = self.b.insert_element(ir.Constant(vtype, None), value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(inserted, ir.Constant(vtype, None),
+                                     ir.Constant(ir.VectorType(I32, width), [0] * width))
+
+    def _as_vector(self, value: Val) -> ir.Value:
+        return value.value if value.vector else self._splat(value.value, self.lane.width)
+
+    def _unify(self, *values: Val) -> tuple[Val, ...]:
+        if any(v.vector for v in values):
+            return tuple(Val(self._as_vector(v), True) for v in values)
+        return values
+
+    def _binary(self, op: str, lhs: Val, rhs: Val, dtype: str) -> Val:
+        lhs, rhs = self._unify(lhs, rhs)
+        a, b, vector = lhs.value, rhs.value, lhs.vector
+        is_float = dtype in L.FLOAT_TYPES
+        builder = self.b
+        if op in L.COMPARISONS:
+            symbol = {"lt": "<", "le": "<=", "eq": "==", "ne": "!=", "gt": ">", "ge": ">="}[op]
+            if is_float:
+                result = (builder.fcmp_unordered(symbol, a, b) if op == "ne"
+                          else builder.fcmp_ordered(symbol, a, b))
+            else:
+                result = builder.icmp_signed(symbol, a, b)
+            return Val(result, vector)
+        if op in ("and", "or"):
+            return Val(builder.and_(a, b) if op == "and" else builder.or_(a, b), vector)
+        if is_float:
+            if op in ("max", "min"):
+                name = "llvm.maximum" if op == "max" else "llvm.minimum"
+                return Val(builder.call(self._intrinsic(name, a.type, [a.type, a.type]), [a, b]),
+                           vector)
+            method = {"add": builder.fadd, "sub": builder.fsub, "mul": builder.fmul,
+                      "div": builder.fdiv}[op]
+            return Val(method(a, b, flags=FLOAT_FLAGS), vector)
+        if op in ("max", "min"):
+            name = "llvm.smax" if op == "max" else "llvm.smin"
+            return Val(builder.call(self._intrinsic(name, a.type, [a.type, a.type]), [a, b]),
+                       vector)
+        method = {"add": builder.add, "sub": builder.sub, "mul": builder.mul,
+                  "div": builder.sdiv, "floordiv": builder.udiv, "mod": builder.urem}[op]
+        return Val(method(a, b), vector)
+
+    def _unary(self, op: str, operand: Val, dtype: str) -> Val:
+        value = operand.value
+        if op == "neg":
+            result = self.b.fneg(value) if dtype in L.FLOAT_TYPES else self.b.neg(value)
+            return Val(result, operand.vector)
+        if op == "sqrt":
+            return Val(self.b.call(self._intrinsic("llvm.sqrt", value.type, [value.type]),
+                                   [value]), operand.vector)
+        return Val(self.math.call(self.b, op, value), operand.vector)
+
+    def _cast(self, value: Val, source: str, target: str) -> Val:
+        ty = SCALAR_LLVM[target]
+        if value.vector:
+            ty = ir.VectorType(ty, self.lane.width)
+        if source == target:
+            return value
+        if source == L.I64 and target in L.FLOAT_TYPES:
+            return Val(self.b.sitofp(value.value, ty), value.vector)
+        if source in L.FLOAT_TYPES and target == L.I64:
+            return Val(self.b.fptosi(value.value, ty), value.vector)
+        if source == L.F32 and target == L.F64:
+            return Val(self.b.fpext(value.value, ty), value.vector)
+        if source == L.F64 and target == L.F32:
+            return Val(self.b.fptrunc(value.value, ty), value.vector)
+        if source == L.BOOL:
+            return Val(self.b.uitofp(value.value, ty) if target in L.FLOAT_TYPES
+                       else self.b.zext(value.value, ty), value.vector)
+        raise TypeError(f"cast {source} -> {target}")
+
+    # ---- reductions ---------------------------------------------------------------------------
+
+    def _identity(self, op: str, dtype: str) -> ir.Constant:
+        if op == "sum":
+            return _const(dtype, 0)
+        if dtype in L.FLOAT_TYPES:
+            return _const(dtype, float("-inf"))
+        return _const(dtype, -(2**63))
+
+    def _reduce(self, reduce: L.Reduce) -> Val:
+        if reduce.vector_width and self.lane is None:
+            return self._vector_reduce(reduce)
+        varying = self._depends_on_lane(reduce)
+        body_dtype = reduce.body.dtype
+        width = self.lane.width if varying else 0
+
+        def typed(constant: ir.Constant) -> ir.Value:
+            return ir.Constant(ir.VectorType(constant.type, width),
+                               [constant.constant] * width) if width else constant
+
+        if reduce.op == "argmax":
+            inits = [typed(self._identity("max", body_dtype)), typed(ir.Constant(I64, 0))]
+        else:
+            inits = [typed(self._identity(reduce.op, reduce.dtype))]
+
+        def body(index, carried):
+            self._push()
+            self.env[-1][reduce.var.name] = Val(index, False)
+            value = self.expr(reduce.body)
+            self._pop()
+            if varying and not value.vector:
+                value = Val(self._splat(value.value, width), True)
+            return self._combine(reduce.op, carried, value, index, body_dtype, varying)
+
+        final = self._loop(0, reduce.extent, 1, inits, body)
+        return Val(final[-1] if reduce.op == "argmax" else final[0], varying)
+
+    def _combine(self, op: str, carried, value: Val, index, dtype: str, varying: bool):
+        if op == "sum":
+            return [self._binary("add", Val(carried[0], varying), value, dtype).value]
+        if op == "max":
+            return [self._binary("max", Val(carried[0], varying), value, dtype).value]
+        best, best_index = carried
+        greater = self._binary("gt", value, Val(best, varying), dtype)
+        if dtype in L.FLOAT_TYPES:
+            # numpy's argmax: a NaN is the maximum and the first NaN wins.
+            value_nan = self._binary("ne", value, value, dtype)
+            best_nan = self._binary("ne", Val(best, varying), Val(best, varying), dtype)
+            not_best_nan = Val(self.b.xor(best_nan.value, ir.Constant(best_nan.value.type,
+                                                                      -1)), varying)
+            first_nan = self._binary("and", value_nan, not_best_nan, L.BOOL)
+            greater = self._binary("or", greater, first_nan, L.BOOL)
+        index_val = Val(index, False)
+        if varying:
+            index_val = Val(self._splat(index, self.lane.width), True)
+        new_best = self.b.select(greater.value, value.value, best)
+        new_index = self.b.select(greater.value, index_val.value, best_index)
+        return [new_best, new_index]
+
+    def _vector_reduce(self, reduce: L.Reduce) -> Val:
+        width = reduce.vector_width
+        dtype = reduce.dtype
+        vtype = ir.VectorType(SCALAR_LLVM[dtype], width)
+        identity = self._identity(reduce.op, dtype)
+        init = ir.Constant(vtype, [identity.constant] * width)
+        main = reduce.extent // width * width
+
+        def tile(base, mask, carried):
+            saved = self.lane
+            self.lane = _Lane(reduce.var.name, width, base, mask)
+            self._push()
+            value = Val(self._as_vector(self.expr(reduce.body)), True)
+            self._pop()
+            if mask is not None:
+                value = Val(self.b.select(mask, value.value, init), True)
+            combined = self._combine(reduce.op, carried, value, None, dtype, True)
+            self.lane = saved
+            return combined
+
+        carried = [init]
+        if main:
+            carried = self._loop(0, main, width, carried,
+                                 lambda index, acc: tile(index, None, acc))
+        if reduce.extent - main:
+            carried = tile(ir.Constant(I64, main), self._tail_mask(width, reduce.extent - main),
+                           carried)
+        accumulator = carried[0]
+        if reduce.op == "sum":
+            name = "llvm.vector.reduce.fadd" if dtype in L.FLOAT_TYPES else \
+                "llvm.vector.reduce.add"
+            if dtype in L.FLOAT_TYPES:
+                intrinsic = self._intrinsic(name, SCALAR_LLVM[dtype], [SCALAR_LLVM[dtype], vtype],
+                                            overload=(vtype,))
+                result = self.b.call(intrinsic, [ir.Constant(SCALAR_LLVM[dtype], -0.0),
+                                                 accumulator], fastmath=("reassoc",))
+            else:
+                intrinsic = self._intrinsic(name, SCALAR_LLVM[dtype], [vtype], overload=(vtype,))
+                result = self.b.call(intrinsic, [accumulator])
+        else:
+            name = "llvm.vector.reduce.fmaximum" if dtype in L.FLOAT_TYPES else \
+                "llvm.vector.reduce.smax"
+            intrinsic = self._intrinsic(name, SCALAR_LLVM[dtype], [vtype], overload=(vtype,))
+            result = self.b.call(intrinsic, [accumulator])
+        return Val(result, False)
+
+    # ---- id checks ----------------------------------------------------------------------------
+
+    def _checked_id(self, check: L.CheckedId) -> Val:
+        value = self.expr(check.value)
+        limit = ir.Constant(I64, check.limit)
+        if value.vector:
+            limit = self._splat(limit, self.lane.width)
+        outside = self.b.icmp_unsigned(">=", value.value, limit)
+        if value.vector:
+            if self.lane.mask is not None:
+                outside = self.b.and_(outside, self.lane.mask)
+            bits = self.b.bitcast(outside, ir.IntType(self.lane.width))
+            any_outside = self.b.icmp_unsigned("!=", bits, ir.Constant(bits.type, 0))
+        else:
+            any_outside = outside
+        with self.b.if_then(any_outside, likely=False):
+            shape = self.kernel.check_sites[check.site].ids_shape
+            position = self.expr(_linear(check.position, shape))
+            bad_value, bad_position = value.value, position.value
+            if value.vector:
+                lane = self.b.call(self._intrinsic("llvm.cttz", bits.type, [bits.type, I1]),
+                                   [bits, ir.Constant(I1, 0)])
+                lane = self.b.zext(lane, I32) if bits.type.width < 32 else \
+                    self.b.trunc(lane, I32) if bits.type.width > 32 else lane
+                bad_value = self.b.extract_element(value.value, lane)
+                if position.vector:
+                    bad_position = self.b.extract_element(position.value, lane)
+            for slot, item in enumerate((ir.Constant(I64, check.site), bad_value, bad_position)):
+                pointer = self.b.gep(self.err, [ir.Constant(I64, slot)], source_etype=I64)
+                self.b.store(item, pointer)
+            self._finish(ir.Constant(I64, check.site + 1))
+        return value
+
+    # ---- intrinsics ---------------------------------------------------------------------------
+
+    def _intrinsic(self, name: str, ret, args, overload=None) -> ir.Function:
+        types = overload if overload is not None else ((ret,) if ret is not None else ())
+        suffix = ""
+        for ty in types:
+            suffix += "." + _type_suffix(ty)
+        if name in ("llvm.masked.load", "llvm.masked.store"):
+            suffix += ".p0"
+        if name in ("llvm.masked.gather", "llvm.masked.scatter"):
+            width = (ret or overload[0]).count
+            suffix += f".v{width}p0"
+        full = name + suffix
+        existing = self.module.globals.get(full)
+        if existing is not None:
+            return existing
+        return ir.Function(self.module, ir.FunctionType(ret or ir.VoidType(), args), name=full)
+
+
+def _type_suffix(ty) -> str:
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{_type_suffix(ty.element)}"
+    if isinstance(ty, ir.FloatType):
+        return "f32"
+    if isinstance(ty, ir.DoubleType):
+        return "f64"
+    if isinstance(ty, ir.IntType):
+        return f"i{ty.width}"
+    raise TypeError(ty)
+
+
+def _linear(index: tuple[L.Expr, ...], shape: tuple[int, ...]) -> L.Expr:
+    flat: L.Expr = L.const(0)
+    stride = 1
+    for position in reversed(range(len(shape))):
+        flat = L.add(flat, L.mul(index[position], L.const(stride)))
+        stride *= shape[position]
+    return flat

@@ -1,0 +1,90 @@
+"""`python -m tilegen.compile FILE.kina` -- compile a Kina program, print any stage, run @main.
+
+Stages, in pipeline order (each printable with --emit):
+  tokens  ast  types  tensor  loops  llvm  asm  mlir
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from kina_frontend import KinaError
+
+STAGES = ("tokens", "ast", "types", "tensor", "loops", "llvm", "asm", "mlir")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tilegen.compile",
+        description="Compile a Kina program with tilegen. A bare name such as "
+                    "'storylm0_forward.kina' resolves against the bundled examples.")
+    parser.add_argument("file", help="a .kina file, or the name of a bundled example")
+    parser.add_argument("--emit", action="append", choices=STAGES, default=[],
+                        help="print a pipeline stage (repeatable)")
+    parser.add_argument("--function", help="restrict --emit loops/llvm/asm to one function")
+    parser.add_argument("-o", "--output", help="write a shared library (.so) to this path")
+    parser.add_argument("--run", action="store_true",
+                        help="run @main with deterministic placeholder values and print each "
+                             "result's shape and checksum")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --run placeholder values")
+    parser.add_argument("--version", action="version",
+                        version=f"tilegen {__version__} (Kina frontend)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _compile(args)
+    except KinaError as error:
+        print(error.render(), file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from kina_frontend import ast, load_source, parse_source, resolve_path
+    from kina_frontend.checker import check_module, specialize
+    from kina_frontend.lexer import tokenize
+    from kina_frontend.report import types_report
+    from kina_frontend.tensor_ir import format_program
+
+    started = time.perf_counter()
+    path = resolve_path(args.file)
+    source = load_source(path)
+    if "tokens" in args.emit:
+        for token in tokenize(source):
+            print(token)
+    module = parse_source(source)
+    if "ast" in args.emit:
+        print(ast.dump(module))
+    checked = check_module(module)
+    if "types" in args.emit:
+        print(types_report(checked, source.name))
+    program = specialize(checked)
+    if "tensor" in args.emit:
+        print(format_program(program, with_locations=True), end="")
+    backend_stages = [s for s in args.emit if s in ("loops", "llvm", "asm", "mlir")]
+    if backend_stages or args.output or args.run:
+        from .driver import run_backend_stages
+
+        return run_backend_stages(program, source, args, started)
+    if not args.emit:
+        elapsed = (time.perf_counter() - started) * 1e3
+        print(f"{source.name}: {len(program.functions)} function(s), "
+              f"{len(checked.obligations)} shape obligations proved in {elapsed:.1f} ms")
+        for function in checked.program.functions:
+            params = ", ".join(str(p.type) for p in function.params)
+            results = ", ".join(str(v.type) for v in function.results)
+            print(f"  {'@main ' if function.is_main else ''}{function.name}({params}) "
+                  f"-> ({results})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

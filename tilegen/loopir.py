@@ -1,0 +1,355 @@
+"""Loop-nest IR: buffers, loops, scalar lets, stores, and scalar expressions.
+
+A `Kernel` is what one Kina function compiles to: a list of statements over named
+row-major buffers (inputs, outputs, temporaries). Expressions are trees of small frozen
+nodes; `Reduce` folds an expression over a fresh index. Loops carry a schedule tag:
+`serial`, `vector` (split into `width`-lane tiles with a masked tail) or `parallel`.
+The grammar is documented in docs/loopnest.md; `format_kernel` prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Scalar types of expressions.
+F32, F64, I64, BOOL = "f32", "f64", "i64", "i1"
+FLOAT_TYPES = (F32, F64)
+
+BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "floordiv", "mod",
+              "lt", "le", "eq", "ne", "gt", "ge", "and", "or")
+COMPARISONS = ("lt", "le", "eq", "ne", "gt", "ge")
+UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh")
+REDUCE_OPS = ("sum", "max", "argmax")
+
+
+class Expr:
+    """Base of expression nodes; `dtype` is the scalar type the node evaluates to."""
+
+    dtype: str
+
+    def __add__(self, other):
+        return add(self, other)
+
+    def __mul__(self, other):
+        return mul(self, other)
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: float | int
+    dtype: str
+
+    def __str__(self) -> str:
+        if self.dtype == I64:
+            return str(int(self.value))
+        return f"{float(self.value)!r}:{self.dtype}"
+
+
+@dataclass(frozen=True, eq=True)
+class Var(Expr):
+    name: str
+    dtype: str = I64
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=True)
+class Load(Expr):
+    buffer: str
+    index: tuple[Expr, ...]
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.buffer}[{', '.join(str(i) for i in self.index)}]"
+
+
+@dataclass(frozen=True, eq=True)
+class Binary(Expr):
+    op: str
+    lhs: Expr
+    rhs: Expr
+    dtype: str
+
+    def __str__(self) -> str:
+        symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//",
+                  "mod": "%", "lt": "<", "le": "<=", "eq": "==", "ne": "!=", "gt": ">",
+                  "ge": ">=", "and": "&&", "or": "||"}.get(self.op)
+        if symbol:
+            return f"({self.lhs} {symbol} {self.rhs})"
+        return f"{self.op}({self.lhs}, {self.rhs})"
+
+
+@dataclass(frozen=True, eq=True)
+class Unary(Expr):
+    op: str
+    operand: Expr
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.op}({self.operand})"
+
+
+@dataclass(frozen=True, eq=True)
+class Select(Expr):
+    cond: Expr
+    if_true: Expr
+    if_false: Expr
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"select({self.cond}, {self.if_true}, {self.if_false})"
+
+
+@dataclass(frozen=True, eq=True)
+class Cast(Expr):
+    operand: Expr
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.dtype}({self.operand})"
+
+
+@dataclass(frozen=True, eq=True)
+class Reduce(Expr):
+    """Fold `body` over `var` in [0, extent) with `op`; argmax yields the first best index."""
+
+    op: str
+    var: Var
+    extent: int
+    body: Expr
+    dtype: str
+    vector_width: int = 0  # >0: the reduction loop itself runs in vector tiles
+
+    def __str__(self) -> str:
+        tag = f" vector<{self.vector_width}>" if self.vector_width else ""
+        return f"{self.op}[{self.var} < {self.extent}{tag}]({self.body})"
+
+
+@dataclass(frozen=True, eq=True)
+class CheckedId(Expr):
+    """An integer id that must lie in [0, limit); otherwise the kernel stops with an
+    error naming `site` (an index into the kernel's check sites) and the id's position."""
+
+    value: Expr
+    limit: int
+    site: int
+    position: tuple[Expr, ...]
+    dtype: str = I64
+
+    def __str__(self) -> str:
+        return f"checked({self.value} < {self.limit}, site {self.site})"
+
+
+# ---- statements -----------------------------------------------------------------------------
+
+class Stmt:
+    pass
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    var: Var
+    extent: int
+    body: tuple[Stmt, ...]
+    kind: str = "serial"  # serial | vector | parallel
+    width: int = 1
+
+
+@dataclass(frozen=True)
+class Let(Stmt):
+    var: Var
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    buffer: str
+    index: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    role: str  # input | output | temp
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        strides = []
+        step = 1
+        for dim in reversed(self.shape):
+            strides.append(step)
+            step *= dim
+        return tuple(reversed(strides))
+
+    @property
+    def size(self) -> int:
+        total = 1
+        for dim in self.shape:
+            total *= dim
+        return total
+
+
+@dataclass(frozen=True)
+class CheckSite:
+    """Where an id check came from, to turn a failing check into a Python error."""
+
+    op: str
+    location: str
+    limit: int
+    ids_shape: tuple[int, ...]
+    ids_argument: str | None  # the parameter the ids came from, when they did
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    buffers: tuple[Buffer, ...]
+    body: tuple[Stmt, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    check_sites: tuple[CheckSite, ...] = field(default=())
+
+    def buffer(self, name: str) -> Buffer:
+        for buffer in self.buffers:
+            if buffer.name == name:
+                return buffer
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class RowKernel:
+    """What a lowering rule returns when its result must be written by its own statements
+    (softmax's row pass): `emit(ctx, buffer_name)` gives them."""
+
+    type: object
+    emit: object
+
+
+# ---- constructors with light constant folding on index arithmetic ---------------------------
+
+def const(value: int | float, dtype: str = I64) -> Const:
+    return Const(value, dtype)
+
+
+def _is_const(expr: Expr, value=None) -> bool:
+    return isinstance(expr, Const) and (value is None or expr.value == value)
+
+
+def add(lhs: Expr, rhs: Expr) -> Expr:
+    if lhs.dtype == I64:
+        if _is_const(lhs, 0):
+            return rhs
+        if _is_const(rhs, 0):
+            return lhs
+        if _is_const(lhs) and _is_const(rhs):
+            return Const(lhs.value + rhs.value, I64)
+    return Binary("add", lhs, rhs, lhs.dtype)
+
+
+def mul(lhs: Expr, rhs: Expr) -> Expr:
+    if lhs.dtype == I64:
+        if _is_const(lhs, 0) or _is_const(rhs, 0):
+            return Const(0, I64)
+        if _is_const(lhs, 1):
+            return rhs
+        if _is_const(rhs, 1):
+            return lhs
+        if _is_const(lhs) and _is_const(rhs):
+            return Const(lhs.value * rhs.value, I64)
+    return Binary("mul", lhs, rhs, lhs.dtype)
+
+
+def binary(op: str, lhs: Expr, rhs: Expr) -> Expr:
+    if op == "add":
+        return add(lhs, rhs)
+    if op == "mul":
+        return mul(lhs, rhs)
+    dtype = BOOL if op in COMPARISONS else lhs.dtype
+    return Binary(op, lhs, rhs, dtype)
+
+
+# ---- traversal ------------------------------------------------------------------------------
+
+def children(expr: Expr) -> tuple[Expr, ...]:
+    if isinstance(expr, Load):
+        return expr.index
+    if isinstance(expr, Binary):
+        return (expr.lhs, expr.rhs)
+    if isinstance(expr, (Unary,)):
+        return (expr.operand,)
+    if isinstance(expr, Cast):
+        return (expr.operand,)
+    if isinstance(expr, Select):
+        return (expr.cond, expr.if_true, expr.if_false)
+    if isinstance(expr, Reduce):
+        return (expr.body,)
+    if isinstance(expr, CheckedId):
+        return (expr.value,) + expr.position
+    return ()
+
+
+def free_vars(expr: Expr) -> frozenset[str]:
+    if isinstance(expr, Var):
+        return frozenset((expr.name,))
+    names: set[str] = set()
+    for child in children(expr):
+        names |= free_vars(child)
+    if isinstance(expr, Reduce):
+        names.discard(expr.var.name)
+    return frozenset(names)
+
+
+def contains(expr: Expr, kinds: tuple[type, ...]) -> bool:
+    if isinstance(expr, kinds):
+        return True
+    return any(contains(c, kinds) for c in children(expr))
+
+
+def expr_cost(expr: Expr) -> int:
+    """A rough count of work to evaluate `expr` once (drives materialisation decisions)."""
+    if isinstance(expr, (Const, Var)):
+        return 0
+    if isinstance(expr, Reduce):
+        return expr.extent * (1 + expr_cost(expr.body))
+    own = 1
+    if isinstance(expr, Unary) and expr.op in ("exp", "log", "tanh"):
+        own = 12
+    elif isinstance(expr, Binary) and expr.op in ("div", "floordiv", "mod"):
+        own = 4
+    return own + sum(expr_cost(c) for c in children(expr))
+
+
+# ---- printer --------------------------------------------------------------------------------
+
+def format_kernel(kernel: Kernel) -> str:
+    lines = [f"kernel @{kernel.name}"]
+    for buffer in kernel.buffers:
+        shape = "x".join(str(d) for d in buffer.shape) or "scalar"
+        lines.append(f"  {buffer.role:<6} {buffer.name}: {buffer.dtype}[{shape}]")
+    lines.append("{")
+    for stmt in kernel.body:
+        lines.extend(_format_stmt(stmt, 1))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
+    pad = "  " * depth
+    if isinstance(stmt, For):
+        tag = "" if stmt.kind == "serial" else (
+            f" vector<{stmt.width}>" if stmt.kind == "vector" else f" {stmt.kind}")
+        lines = [f"{pad}for {stmt.var} in 0..{stmt.extent}{tag} {{"]
+        for inner in stmt.body:
+            lines.extend(_format_stmt(inner, depth + 1))
+        lines.append(f"{pad}}}")
+        return lines
+    if isinstance(stmt, Let):
+        return [f"{pad}let {stmt.var}: {stmt.var.dtype} = {stmt.value}"]
+    if isinstance(stmt, Store):
+        index = ", ".join(str(i) for i in stmt.index)
+        return [f"{pad}{stmt.buffer}[{index}] = {stmt.value}"]
+    raise TypeError(stmt)

@@ -1,0 +1,218 @@
+"""Tensor IR -> loop-nest IR.
+
+Each value of a function becomes a `View`: a rule giving the element at any index as a
+scalar expression. Elementwise and layout ops compose views (so chains fuse and
+reshape/transpose/broadcast become index arithmetic); matmul and reductions become
+`Reduce` expressions. A view is materialised into a buffer only when it must be (a
+function result, a row kernel such as softmax) or when a consumer would re-evaluate an
+expensive view many times (`LowerContext.reusable`). The op-specific part of every
+step is the op's `lower` rule in kina_frontend/ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kina_frontend.diagnostics import KinaError
+from kina_frontend.ops import REGISTRY
+from kina_frontend.tensor_ir import Function, Operation
+from kina_frontend.types import DType, TensorType
+
+from . import loopir as L
+from .affine import IndexSimplifier
+
+# A view is materialised before a consumer that reads each element more than once when
+# evaluating it costs more than this (see loopir.expr_cost): a load and an op or two are
+# cheaper to recompute than to store and reload.
+MATERIALIZE_COST = 3
+
+def scalar_type(dtype: DType) -> str:
+    # DType values ("f32", "f64", "i64") are the loop IR's scalar type names.
+    return dtype.value
+
+
+@dataclass
+class View:
+    type: TensorType
+    at: Callable[[tuple[L.Expr, ...]], L.Expr]
+    buffer: str | None = None
+    param: str | None = None  # the function parameter this view reads, if it is one
+
+
+class LowerContext:
+    """What an op's `lower` rule may use; one per function being lowered."""
+
+    def __init__(self, function: Function):
+        self.function = function
+        self.simplifier = IndexSimplifier()
+        self.buffers: list[L.Buffer] = []
+        self.body: list[L.Stmt] = []
+        self.check_sites: list[L.CheckSite] = []
+        self.current: Operation | None = None
+        self._counter = 0
+        self._names: set[str] = set()
+
+    # ---- names and loops ----------------------------------------------------------------------
+
+    def fresh_name(self, hint: str) -> str:
+        name = hint
+        while name in self._names:
+            self._counter += 1
+            name = f"{hint}_{self._counter}"
+        self._names.add(name)
+        return name
+
+    def var(self, extent: int, hint: str = "i") -> L.Var:
+        var = L.Var(self.fresh_name(hint))
+        self.simplifier.declare(var, extent)
+        return var
+
+    def loops(self, shape: tuple[int, ...], body: Callable[[tuple[L.Expr, ...]], list[L.Stmt]],
+              hint: str = "i") -> list[L.Stmt]:
+        """A loop nest over `shape` (row-major) around `body(index)`; size-1 dims get no loop."""
+        variables: list[L.Expr] = []
+        loop_vars: list[tuple[L.Var, int]] = []
+        for axis, extent in enumerate(shape):
+            if extent == 1:
+                variables.append(L.const(0))
+            else:
+                var = self.var(extent, f"{hint}{axis}")
+                variables.append(var)
+                loop_vars.append((var, extent))
+        statements = body(tuple(variables))
+        for var, extent in reversed(loop_vars):
+            statements = [L.For(var, extent, tuple(statements))]
+        return statements
+
+    # ---- views ------------------------------------------------------------------------------
+
+    def view(self, ttype: TensorType, at) -> View:
+        return View(ttype, at)
+
+    def buffer_view(self, buffer: L.Buffer, ttype: TensorType, param: str | None = None) -> View:
+        dtype = buffer.dtype
+        name = buffer.name
+        return View(ttype, lambda index: L.Load(name, tuple(index), dtype), name, param)
+
+    def sample(self, view: View) -> L.Expr:
+        """The view's element expression at a fresh symbolic index (for cost analysis)."""
+        index = tuple(self.var(max(d, 1), "probe") for d in view.type.concrete_shape)
+        return view.at(index)
+
+    def reusable(self, view: View, reuse: int) -> View:
+        """`view` for a consumer that reads each element `reuse` times: materialised into a
+        temporary buffer first when recomputing it would cost more than storing it."""
+        if view.buffer is not None or reuse <= 1:
+            return view
+        if L.expr_cost(self.sample(view)) <= MATERIALIZE_COST:
+            return view
+        return self.materialize(view, "tmp")
+
+    def materialize(self, view: View, hint: str) -> View:
+        buffer = self.add_buffer(hint, view.type, "temp")
+        self.body.extend(self.loops(view.type.concrete_shape,
+                                    lambda index: [L.Store(buffer.name, index, view.at(index))]))
+        return self.buffer_view(buffer, view.type)
+
+    def add_buffer(self, hint: str, ttype: TensorType, role: str) -> L.Buffer:
+        buffer = L.Buffer(self.fresh_name(_sanitize(hint)), scalar_type(ttype.dtype),
+                          ttype.concrete_shape, role)
+        self.buffers.append(buffer)
+        return buffer
+
+    # ---- id checks --------------------------------------------------------------------------
+
+    def id_checker(self, ids: View, limit: int):
+        """For the op being lowered: a function from an index of `ids` to the id there,
+        checked to lie in [0, limit) when the kernel runs."""
+        op = self.current
+        site = L.CheckSite(op.op if op else "?", str(op.span) if op and op.span else "?",
+                           limit, ids.type.concrete_shape, ids.param)
+        self.check_sites.append(site)
+        number = len(self.check_sites) - 1
+
+        def checked(index: tuple[L.Expr, ...]) -> L.Expr:
+            return L.CheckedId(ids.at(index), limit, number, tuple(index))
+        return checked
+
+    def error(self, message: str) -> KinaError:
+        return KinaError("lowering", message, self.current.span if self.current else None)
+
+
+def _sanitize(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def lower_function(function: Function, kernel_name: str | None = None) -> L.Kernel:
+    """Lower an inlined function (no `call`/`reverse_mode`/`placeholder`) to a kernel."""
+    ctx = LowerContext(function)
+    views: dict[str, View] = {}
+    inputs = []
+    for param in function.params:
+        buffer = ctx.add_buffer(param.name, param.type, "input")
+        inputs.append(buffer.name)
+        views[param.name] = ctx.buffer_view(buffer, param.type, param=param.name)
+    # A result is written straight into its output buffer where it is computed; consumers
+    # inside the function then read it back from there.
+    result_position: dict[str, int] = {}
+    for position, value in enumerate(function.results):
+        result_position.setdefault(value.name, position)
+    output_buffers: dict[int, L.Buffer] = {}
+    uses = _use_counts(function)
+    for op in function.body:
+        ctx.current = op
+        rule = _lower_rule(op, ctx)
+        produced = rule(ctx, op, [views[v.name] for v in op.operands])
+        (result,) = op.results
+        position = result_position.get(result.name)
+        if position is not None:
+            buffer = ctx.add_buffer(f"out{position}", result.type, "output")
+            output_buffers[position] = buffer
+            _write(ctx, produced, buffer)
+            produced = ctx.buffer_view(buffer, result.type)
+        elif isinstance(produced, L.RowKernel):
+            buffer = ctx.add_buffer(result.name, result.type, "temp")
+            _write(ctx, produced, buffer)
+            produced = ctx.buffer_view(buffer, result.type)
+        elif uses.get(result.name, 0) > 1:
+            produced = ctx.reusable(produced, uses[result.name])
+        views[result.name] = produced
+    ctx.current = None
+    for position, value in enumerate(function.results):
+        if position not in output_buffers:  # a parameter returned, or a result repeated
+            output_buffers[position] = ctx.add_buffer(f"out{position}", value.type, "output")
+            _write(ctx, views[value.name], output_buffers[position])
+    outputs = [output_buffers[p].name for p in range(len(function.results))]
+    return L.Kernel(kernel_name or function.name, tuple(ctx.buffers), tuple(ctx.body),
+                    tuple(inputs), tuple(outputs), tuple(ctx.check_sites))
+
+
+def _write(ctx: LowerContext, produced: View | L.RowKernel, buffer: L.Buffer) -> None:
+    if isinstance(produced, L.RowKernel):
+        ctx.body.extend(produced.emit(ctx, buffer.name))
+        return
+    ctx.body.extend(ctx.loops(produced.type.concrete_shape,
+                              lambda index: [L.Store(buffer.name, index, produced.at(index))]))
+
+
+def _lower_rule(op: Operation, ctx: LowerContext):
+    definition = REGISTRY.get(op.op)
+    if definition is None:
+        raise ctx.error(f"no lowering for '{op.op}' (inline calls and expand reverseMode "
+                        "before lowering)")
+    if definition.lower is None:
+        raise ctx.error(f"op '{op.op}' has no loop-nest lowering rule")
+    if len(op.results) != 1:
+        raise ctx.error(f"op '{op.op}' with {len(op.results)} results cannot be lowered")
+    return definition.lower
+
+
+def _use_counts(function: Function) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for op in function.body:
+        for value in op.operands:
+            counts[value.name] = counts.get(value.name, 0) + 1
+    for value in function.results:
+        counts[value.name] = counts.get(value.name, 0) + 1
+    return counts

@@ -1,0 +1,100 @@
+"""The compiler's stages, each a pure function from one IR to the next.
+
+    tensor IR --prepare--> inlined tensor IR --lower--> loop IR --schedule--> loop IR
+              --codegen--> LLVM IR (llvmlite.ir) --optimize--> LLVM module --> JIT / object
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+
+from kina_frontend.diagnostics import KinaError
+from kina_frontend.tensor_ir import Function, Program
+from kina_frontend.transforms import prepare_for_codegen
+
+from . import loopir as L
+from .codegen import KernelCodegen
+from .lower import lower_function
+from .schedule import vectorize_pass
+from .target import LLVM_LOCK, optimize, target_machine, triple
+from .vecmath import MathLibrary
+
+SYMBOL_PREFIX = "kina_"
+
+# Loop-IR passes, in order; each maps a kernel to a kernel.
+SCHEDULE_PASSES = (("vectorize", vectorize_pass),)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """One compiled entry point: the prepared tensor function and its scheduled kernel."""
+
+    function: Function
+    kernel: L.Kernel
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOL_PREFIX + self.kernel.name
+
+
+def prepare(program: Program, name: str) -> Function:
+    return prepare_for_codegen(program, name)
+
+
+def lower(function: Function) -> L.Kernel:
+    return lower_function(function)
+
+
+def schedule(kernel: L.Kernel) -> L.Kernel:
+    for _, pass_fn in SCHEDULE_PASSES:
+        kernel = pass_fn(kernel)
+    return kernel
+
+
+def plan_program(program: Program, names: tuple[str, ...] | None = None) -> list[KernelPlan]:
+    plans = []
+    for function in program.functions:
+        if names is not None and function.name not in names:
+            continue
+        prepared = prepare(program, function.name)
+        plans.append(KernelPlan(prepared, schedule(lower(prepared))))
+    return plans
+
+
+def codegen(plans: list[KernelPlan], module_name: str = "kina") -> ir.Module:
+    module = ir.Module(name=module_name)
+    module.triple = triple()
+    math = MathLibrary(module)
+    for plan in plans:
+        KernelCodegen(module, plan.kernel, plan.symbol, math).build()
+    return module
+
+
+def to_llvm(module: ir.Module, pic: bool = False, optimize_module: bool = True) -> llvm.ModuleRef:
+    """Parse, verify and optimise the builder's module for the host target."""
+    machine = target_machine(pic)
+    with LLVM_LOCK:
+        try:
+            parsed = llvm.parse_assembly(str(module))
+            parsed.verify()
+        except RuntimeError as error:  # a compiler bug, never the user's program
+            raise KinaError("lowering", f"internal error: generated LLVM IR is invalid: "
+                            f"{error}", None) from None
+        parsed.triple = triple()
+        parsed.data_layout = str(machine.target_data)
+        if optimize_module:
+            optimize(parsed, machine)
+    return parsed
+
+
+def assembly(parsed: llvm.ModuleRef) -> str:
+    with LLVM_LOCK:
+        return target_machine(False).emit_assembly(parsed)
+
+
+def object_code(parsed: llvm.ModuleRef) -> bytes:
+    with LLVM_LOCK:
+        return target_machine(True).emit_object(parsed)

@@ -1,0 +1,212 @@
+"""Compiled modules and their Python callables.
+
+A `CompiledModule` owns the native code (an MCJIT engine, or a loaded shared library)
+for as long as any of its functions is alive. Each `CompiledFunction` validates its
+arguments (dtype, shape, contiguity), allocates or checks its outputs, calls the
+native entry point and turns a failed id check into a Python exception.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from kina_frontend.diagnostics import KinaError
+
+from .pipeline import KernelPlan, object_code
+from .target import LLVM_LOCK, target_machine
+
+
+class IdOutOfRangeError(IndexError):
+    """A gather/one_hot id outside its table reached compiled code (which then stopped
+    before reading anything out of bounds)."""
+
+
+class ArgumentError(TypeError):
+    """A call's arguments do not match the Kina signature."""
+
+
+class _ErrorRecord(threading.local):
+    def __init__(self) -> None:
+        self.array = np.zeros(3, dtype=np.int64)
+        self.pointer = self.array.ctypes.data
+
+
+class CompiledFunction:
+    def __init__(self, module: CompiledModule, plan: KernelPlan, address: int):
+        self._module = module  # keeps the native code alive
+        self.name = plan.function.name
+        self.plan = plan
+        self.params = tuple((p.name, p.type.dtype.numpy, p.type.concrete_shape)
+                            for p in plan.function.params)
+        self.results = tuple((v.type.dtype.numpy, v.type.concrete_shape)
+                             for v in plan.function.results)
+        arity = len(self.params) + len(self.results) + 1
+        self._native = ctypes.CFUNCTYPE(ctypes.c_int64, *([ctypes.c_void_p] * arity))(address)
+        self._errors = _ErrorRecord()
+        self.__doc__ = f"{self.name}({', '.join(p[0] for p in self.params)})"
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{n}: {d.name}{list(s)}" for n, d, s in self.params)
+        return f"<tilegen function {self.name}({params})>"
+
+    def __call__(self, *args: np.ndarray, out: np.ndarray | Sequence[np.ndarray] | None = None):
+        if len(args) != len(self.params):
+            raise ArgumentError(f"{self.name}() takes {len(self.params)} argument(s) "
+                                f"({', '.join(p[0] for p in self.params)}), got {len(args)}")
+        inputs = [self._argument(position, arg) for position, arg in enumerate(args)]
+        outputs = self._outputs(out, inputs)
+        pointers = [a.ctypes.data for a in inputs] + [o.ctypes.data for o in outputs]
+        status = self._native(*pointers, self._errors.pointer)
+        if status != 0:
+            self._raise(status)
+        if len(outputs) == 1:
+            return outputs[0]
+        return tuple(outputs)
+
+    def _argument(self, position: int, arg) -> np.ndarray:
+        name, dtype, shape = self.params[position]
+        if not isinstance(arg, np.ndarray):
+            try:
+                arg = np.asarray(arg)
+            except Exception as error:  # noqa: BLE001 -- any conversion failure is the user's
+                raise ArgumentError(f"{self.name}(): argument '{name}' is not an array: "
+                                    f"{error}") from None
+        if arg.dtype != dtype:
+            raise ArgumentError(f"{self.name}(): argument '{name}' must have dtype {dtype.name}"
+                                f", got {arg.dtype.name}")
+        if arg.shape != shape:
+            raise ArgumentError(f"{self.name}(): argument '{name}' must have shape "
+                                f"{list(shape)}, got {list(arg.shape)}")
+        if not arg.flags.c_contiguous or not arg.flags.aligned:
+            # Compiled code reads row-major contiguous memory; a view is copied once.
+            arg = np.ascontiguousarray(arg)
+        return arg
+
+    def _outputs(self, out, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if out is None:
+            return [np.empty(shape, dtype) for dtype, shape in self.results]
+        given = [out] if isinstance(out, np.ndarray) else list(out)
+        if len(given) != len(self.results):
+            raise ArgumentError(f"{self.name}(): out= needs {len(self.results)} array(s), got "
+                                f"{len(given)}")
+        for position, (array, (dtype, shape)) in enumerate(zip(given, self.results)):
+            what = f"{self.name}(): out[{position}]"
+            if not isinstance(array, np.ndarray):
+                raise ArgumentError(f"{what} must be a numpy array")
+            if array.dtype != dtype or array.shape != shape:
+                raise ArgumentError(f"{what} must be {dtype.name}{list(shape)}, got "
+                                    f"{array.dtype.name}{list(array.shape)}")
+            if not array.flags.c_contiguous:
+                raise ArgumentError(f"{what} must be C-contiguous")
+            if not array.flags.writeable:
+                raise ArgumentError(f"{what} is read-only")
+            for other in inputs + given[:position]:
+                if np.may_share_memory(array, other):
+                    raise ArgumentError(f"{what} overlaps another argument; outputs must not "
+                                        "alias inputs or each other")
+        return given
+
+    def _raise(self, status: int):
+        if status < 0:
+            raise MemoryError(f"{self.name}(): could not allocate temporary buffers")
+        site_index, value, position = (int(x) for x in self._errors.array)
+        site = self.plan.kernel.check_sites[site_index]
+        shape = site.ids_shape
+        index = list(np.unravel_index(position, shape)) if shape else []
+        index = [int(i) for i in index]
+        where = f"argument '{site.ids_argument}'" if site.ids_argument else \
+            "a computed ids tensor"
+        raise IdOutOfRangeError(
+            f"{self.name}(): {site.op} at {site.location}: id {value} at position {index} of "
+            f"{where} is out of range [0, {site.limit})")
+
+
+class CompiledModule:
+    """The compiled functions of one Kina program, as attributes."""
+
+    def __init__(self, plans: list[KernelPlan], addresses: dict[str, int], owner, kind: str):
+        self._owner = owner  # the MCJIT engine or the loaded library
+        self.kind = kind
+        self.functions: dict[str, CompiledFunction] = {}
+        for plan in plans:
+            self.functions[plan.function.name] = CompiledFunction(self, plan,
+                                                                  addresses[plan.symbol])
+
+    def __getattr__(self, name: str) -> CompiledFunction:
+        functions = self.__dict__.get("functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(f"the compiled program has no function '{name}' (it has: "
+                             f"{', '.join(functions)})")
+
+    def __dir__(self):
+        return list(super().__dir__()) + list(self.functions)
+
+    def __repr__(self) -> str:
+        return f"<tilegen module ({self.kind}): {', '.join(self.functions)}>"
+
+
+def jit_module(plans: list[KernelPlan], parsed: llvm.ModuleRef) -> CompiledModule:
+    """Compile in-process with MCJIT; nothing touches the disk."""
+    with LLVM_LOCK:
+        engine = llvm.create_mcjit_compiler(parsed, target_machine(False))
+        engine.finalize_object()
+        addresses = {plan.symbol: engine.get_function_address(plan.symbol) for plan in plans}
+    return CompiledModule(plans, addresses, engine, "jit")
+
+
+def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
+    """Write `path` (.so) from the module: object code, then the system linker. The library
+    appears under its final name only when complete (temporary name, then rename)."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    with tempfile.TemporaryDirectory(prefix="tilegen-") as work:
+        object_path = os.path.join(work, "module.o")
+        with open(object_path, "wb") as handle:
+            handle.write(object_code(parsed))
+        linked = os.path.join(work, "module.so")
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise KinaError("io", "no C compiler found to link a shared library (set CC or "
+                            "install gcc)", None)
+        result = subprocess.run([compiler, "-shared", "-o", linked, object_path, "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KinaError("io", f"linking {path} failed: {result.stderr.strip()}", None)
+        handle_fd, staging = tempfile.mkstemp(prefix=".tilegen-", suffix=".so", dir=directory)
+        os.close(handle_fd)
+        try:
+            shutil.copyfile(linked, staging)
+            os.chmod(staging, 0o755)
+            os.replace(staging, path)
+        except BaseException:
+            if os.path.exists(staging):
+                os.unlink(staging)
+            raise
+
+
+def load_shared_library(plans: list[KernelPlan], path: str) -> CompiledModule:
+    library = ctypes.CDLL(os.path.abspath(path))
+    addresses = {plan.symbol: ctypes.cast(getattr(library, plan.symbol), ctypes.c_void_p).value
+                 for plan in plans}
+    return CompiledModule(plans, addresses, library, "so")
+
+
+def aot_module(plans: list[KernelPlan], parsed: llvm.ModuleRef,
+               keep_path: str | None = None) -> CompiledModule:
+    """Build a .so, load it, and (unless `keep_path` is given) remove the file again."""
+    if keep_path is not None:
+        link_shared_library(parsed, keep_path)
+        return load_shared_library(plans, keep_path)
+    with tempfile.TemporaryDirectory(prefix="tilegen-so-") as work:
+        path = os.path.join(work, "module.so")
+        link_shared_library(parsed, path)
+        return load_shared_library(plans, path)

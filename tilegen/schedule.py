@@ -1,0 +1,106 @@
+"""Scheduling passes over loop-nest IR: choose which loops run in vector tiles.
+
+`vectorize_pass`: the innermost loop that stores contiguously along its index is split
+into `width`-lane tiles (16 x f32 / 8 x f64 on AVX-512) with a masked tail; a reduction
+that is not inside a vector loop and reads contiguously along its own index is run in
+vector tiles with a horizontal combine at the end (the row passes of softmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import loopir as L
+from .affine import to_affine
+
+# Loops shorter than this stay scalar: a masked tile would be mostly idle lanes.
+MIN_VECTOR_EXTENT = {L.F32: 8, L.F64: 4, L.I64: 4}
+MAX_WIDTH = {L.F32: 16, L.F64: 8, L.I64: 8}
+MIN_REDUCE_EXTENT = 16
+
+
+def vector_width(dtype: str, extent: int) -> int:
+    """Lanes for a loop of `extent` elements of `dtype`, or 0 to stay scalar."""
+    if dtype == L.BOOL or extent < MIN_VECTOR_EXTENT[dtype]:
+        return 0
+    width = MAX_WIDTH[dtype]
+    while width // 2 >= MIN_VECTOR_EXTENT[dtype] and extent < width:
+        width //= 2
+    return width
+
+
+def vectorize_pass(kernel: L.Kernel) -> L.Kernel:
+    strides = {b.name: b.strides for b in kernel.buffers}
+    body = tuple(_schedule_stmt(s, strides, in_vector=False) for s in kernel.body)
+    return replace(kernel, body=body)
+
+
+def _flat_coefficient(index: tuple[L.Expr, ...], strides: tuple[int, ...], var: str) -> int | None:
+    """Coefficient of `var` in the flattened offset, None if it is not affine in `var`."""
+    total = 0
+    for component, stride in zip(index, strides, strict=True):
+        affine = to_affine(component)
+        if any(var in L.free_vars(e) for e, _ in affine.opaque):
+            return None
+        total += affine.coefficient(var) * stride
+    return total
+
+
+def _schedule_stmt(stmt: L.Stmt, strides, in_vector: bool) -> L.Stmt:
+    if isinstance(stmt, L.For):
+        width = 0 if in_vector else _loop_width(stmt, strides)
+        body = tuple(_schedule_stmt(s, strides, in_vector or width > 0) for s in stmt.body)
+        if width:
+            return replace(stmt, body=body, kind="vector", width=width)
+        return replace(stmt, body=body)
+    if isinstance(stmt, L.Let):
+        return replace(stmt, value=_schedule_expr(stmt.value, strides, in_vector))
+    if isinstance(stmt, L.Store):
+        return replace(stmt, value=_schedule_expr(stmt.value, strides, in_vector))
+    raise TypeError(stmt)
+
+
+def _loop_width(loop: L.For, strides) -> int:
+    stores = [s for s in loop.body if isinstance(s, L.Store)]
+    if not stores or any(isinstance(s, L.For) for s in loop.body):
+        return 0
+    dtypes = set()
+    for store in stores:
+        if _flat_coefficient(store.index, strides[store.buffer], loop.var.name) != 1:
+            return 0
+        dtypes.add(store.value.dtype)
+    if len(dtypes) != 1:
+        return 0
+    return vector_width(dtypes.pop(), loop.extent)
+
+
+def _schedule_expr(expr: L.Expr, strides, in_vector: bool) -> L.Expr:
+    if isinstance(expr, L.Reduce):
+        width = 0
+        if not in_vector and expr.op in ("sum", "max") and expr.extent >= MIN_REDUCE_EXTENT \
+                and _reads_contiguously(expr.body, expr.var.name, strides):
+            width = vector_width(expr.dtype, expr.extent)
+        body = _schedule_expr(expr.body, strides, in_vector or width > 0)
+        return replace(expr, body=body, vector_width=width)
+    if isinstance(expr, L.Load):
+        return replace(expr, index=tuple(_schedule_expr(i, strides, in_vector)
+                                         for i in expr.index))
+    if isinstance(expr, L.Binary):
+        return replace(expr, lhs=_schedule_expr(expr.lhs, strides, in_vector),
+                       rhs=_schedule_expr(expr.rhs, strides, in_vector))
+    if isinstance(expr, (L.Unary, L.Cast)):
+        return replace(expr, operand=_schedule_expr(expr.operand, strides, in_vector))
+    if isinstance(expr, L.Select):
+        return replace(expr, cond=_schedule_expr(expr.cond, strides, in_vector),
+                       if_true=_schedule_expr(expr.if_true, strides, in_vector),
+                       if_false=_schedule_expr(expr.if_false, strides, in_vector))
+    if isinstance(expr, L.CheckedId):
+        return replace(expr, value=_schedule_expr(expr.value, strides, in_vector))
+    return expr
+
+
+def _reads_contiguously(expr: L.Expr, var: str, strides) -> bool:
+    if isinstance(expr, L.Load) and _flat_coefficient(expr.index, strides[expr.buffer],
+                                                      var) == 1:
+        return True
+    return any(_reads_contiguously(c, var, strides) for c in L.children(expr))

@@ -1,0 +1,60 @@
+"""The host target: LLVM initialisation, the target machine, the O3 pipeline, and the one
+lock every llvmlite binding call in tilegen goes through."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import llvmlite
+import llvmlite.binding as llvm
+
+# llvmlite's binding layer is not documented as thread-safe; compiles from several threads
+# serialise here (calls into finished native code do not take it).
+LLVM_LOCK = threading.RLock()
+
+
+@functools.cache
+def _initialise() -> None:
+    # llvmlite 0.50 initialises LLVM itself; `llvm.initialize()` would raise.
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+@functools.cache
+def host_cpu() -> tuple[str, str]:
+    """(CPU name, feature string) of this machine, e.g. ('znver4', '+avx512f,...')."""
+    _initialise()
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+@functools.cache
+def target_machine(pic: bool = False) -> llvm.TargetMachine:
+    _initialise()
+    cpu, features = host_cpu()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    return target.create_target_machine(cpu=cpu, features=features, opt=3,
+                                        reloc="pic" if pic else "default",
+                                        codemodel="jitdefault" if not pic else "default")
+
+
+def triple() -> str:
+    return llvm.get_process_triple()
+
+
+def optimize(module: llvm.ModuleRef, machine: llvm.TargetMachine) -> None:
+    """The new pass manager's O3 pipeline with loop and SLP vectorisation."""
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    tuning.loop_unrolling = True
+    builder = llvm.create_pass_builder(machine, tuning)
+    builder.getModulePassManager().run(module, builder)
+
+
+def compiler_identity() -> str:
+    """Everything about the toolchain that changes the generated bits (for cache keys)."""
+    cpu, features = host_cpu()
+    version = ".".join(str(v) for v in llvm.llvm_version_info)
+    return f"llvmlite={llvmlite.__version__};llvm={version};triple={triple()};cpu={cpu};" \
+           f"features={features}"
