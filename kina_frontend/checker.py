@@ -266,8 +266,8 @@ class _Checker:
             # Point at the returned expression, and say where the result type was declared.
             where = items[index].span if len(items) == len(values) else statement.value.span
             self.require_type(value.type, expected, where, f"result {index} of '{fname}'",
-                              (f"the result type is declared at "
-                               f"{signature.decl.results[index].span}"),)
+                              ((f"the result type is declared at "
+                               f"{signature.decl.results[index].span}"),))
         return values
 
     def require_type(self, actual: TensorType, expected: TensorType, span: Span,
@@ -359,8 +359,10 @@ class _Checker:
 
     def check_placeholder(self, call: ast.Call, hints) -> Value:
         if not self.scope.is_main:
-            raise KinaError("unsupported", "placeholder(...) is only allowed in the @main "
-                            "function", call.span)
+            raise KinaError("type", "placeholder(...) is only allowed in the @main "
+                            "function", call.span,
+                            ((f"'{self.scope.name}' receives its inputs as parameters; mark "
+                              "the entry function with @main to declare placeholders"),))
         if len(call.args) != 1 or call.kwargs or \
                 not isinstance(call.args[0], ast.TensorTypeExpr):
             raise KinaError("arity", "placeholder takes one tensor type: "
@@ -433,8 +435,8 @@ class _Checker:
                     raise KinaError("autodiff", f"cannot differentiate with respect to "
                                     f"'{item.ident}': it is "
                                     f"{signature.params[index].type.surface()}", item.span,
-                                    ("only floating-point parameters have gradients; leave "
-                                     "integer inputs such as ids out of wrt"),)
+                                    (("only floating-point parameters have gradients; leave "
+                                     "integer inputs such as ids out of wrt"),))
                 wrt.append(index)
         if not inner.kwargs:
             wrt = [i for i, p in enumerate(signature.params) if p.type.dtype.is_float]
@@ -484,8 +486,8 @@ class _Checker:
             if not like.dtype.is_float and isinstance(number, float):
                 raise KinaError("type", f"float literal {number} used with an "
                                 f"{like.dtype.kina_name} tensor", expr.span,
-                                ("a literal takes the element type of the other operand; "
-                                 "write an integer, or use an F32 tensor"),)
+                                (("a literal takes the element type of the other operand; "
+                                 "write an integer, or use an F32 tensor"),))
             value = float(number) if like.dtype.is_float else int(number)
             attrs = {"value": value, "shape": like.shape, "dtype": like.dtype.value}
             (filled,) = self.emit("fill", (), attrs, (like,), expr.span, None)

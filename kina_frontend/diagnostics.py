@@ -84,7 +84,7 @@ class KinaError(Exception):
         self.code = ERROR_CODES[kind]
         self.message = message
         self.span = span
-        self.notes = tuple(notes)
+        self.notes = (notes,) if isinstance(notes, str) else tuple(notes)
         super().__init__(self.render())
 
     @property

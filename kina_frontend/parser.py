@@ -70,7 +70,12 @@ class Parser:
         raise self.error(f"expected a name {context}, found {describe(self.tok)}", hint)
 
     def error(self, message: str, notes: tuple[str, ...] = ()) -> KinaError:
-        return KinaError("syntax", message, self.tok.span, notes)
+        span = self.tok.span
+        if self.tok.kind == "eof" and self.pos > 0:
+            # Point just after the last token, not at an empty line past the end.
+            end = self.tokens[self.pos - 1].span.end
+            span = Span(self.source, end, end + 1)
+        return KinaError("syntax", message, span, notes)
 
     # ---- declarations -------------------------------------------------------------------------
 
@@ -263,8 +268,8 @@ class Parser:
                     if not self.at(","):
                         raise self.error(f"expected ',' or ')' after an argument, found "
                                          f"{describe(self.tok)}",
-                                         (f"the argument list opened at {opener.span} is not "
-                                          "closed"),)
+                                         ((f"the argument list opened at {opener.span} is not "
+                                          "closed"),))
                     self.advance()
             end = self.advance().span
             expr = ast.Call(expr.span.to(end), expr, tuple(args), tuple(kwargs))
@@ -277,8 +282,8 @@ class Parser:
             if len(token.text.lstrip("0")) > 19 or int(token.text) > I64_MAX:
                 raise KinaError("lex", f"integer literal {_shorten(token.text)} is out of the "
                                 "I64 range", token.span,
-                                (f"the largest I64 is {I64_MAX}; for a large F32 constant "
-                                 "write a float literal such as 1e20"),)
+                                ((f"the largest I64 is {I64_MAX}; for a large F32 constant "
+                                 "write a float literal such as 1e20"),))
             self.advance()
             return ast.IntLit(token.span, int(token.text))
         if token.kind == "float":
