@@ -320,8 +320,7 @@ class _IRParser:
             self.next()
             return text == "true"
         if kind == "number" and re.fullmatch(r"-?\d+", text):
-            self.next()
-            return int(text)
+            return self.dim()  # an int, or a dim expression that starts with one (2*T)
         if kind == "number":
             self.next()
             return float(text)
