@@ -116,7 +116,7 @@ class IndexSimplifier:
         _, rest = self._split(expr, divisor)
         bounds = value_range(rest, self.extents)
         rest_expr = from_affine(rest, self.variables)
-        if bounds is not None and 0 <= bounds[0] and bounds[1] < divisor:
+        if bounds is not None and bounds[0] >= 0 and bounds[1] < divisor:
             return rest_expr
         return Binary("mod", rest_expr, Const(divisor, I64), I64)
 

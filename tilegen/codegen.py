@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import llvmlite.ir as ir
+from llvmlite import ir
 
 from . import loopir as L
 from .affine import to_affine
@@ -63,12 +63,12 @@ class KernelCodegen:
         fnty = ir.FunctionType(I64, [PTR] * (len(io) + 1))
         self.function = ir.Function(module, fnty, name=symbol)
         self.function.attributes.add("nounwind")
-        for arg, name in zip(self.function.args, io + ["err"]):
+        for arg, name in zip(self.function.args, io + ["err"], strict=True):
             arg.name = f"buf.{name}" if name != "err" else "err"
             arg.add_attribute("noundef")
         for arg in self.function.args[len(kernel.inputs):len(io)]:
             arg.add_attribute("noalias")
-        self.pointers: dict[str, ir.Value] = dict(zip(io, self.function.args))
+        self.pointers: dict[str, ir.Value] = dict(zip(io, self.function.args[:-1], strict=True))
         self.err = self.function.args[-1]
         self.buffers = {b.name: b for b in kernel.buffers}
         self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
@@ -106,7 +106,8 @@ class KernelCodegen:
             slot.align = 64
             slot.type = PTR  # LLVM 22 pointers are opaque; llvmlite would keep `float*`
             return slot
-        pointer = self.b.call(self._malloc(), [ir.Constant(I64, nbytes)], name=f"heap.{buffer.name}")
+        pointer = self.b.call(self._malloc(), [ir.Constant(I64, nbytes)],
+                              name=f"heap.{buffer.name}")
         self.heap.append(pointer)
         # Running out of memory ends the call with status -1 instead of a crash.
         failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
@@ -240,16 +241,17 @@ class KernelCodegen:
 
     def _uniform(self, expr: L.Expr) -> ir.Value:
         """`expr` evaluated with the lane variable at the tile's base (lane 0)."""
-        lane = self.lane
-        self.lane = None
+        lane, cache = self.lane, self.cache
+        # Cached values may be vectors of this tile; evaluate from a clean cache (LLVM's CSE
+        # merges what is recomputed).
+        self.lane, self.cache = None, [{}]
         self._push()
         self.env[-1][lane.var] = Val(lane.base, False)
         try:
             value = self.expr(expr)
         finally:
             self._pop()
-            self.lane = lane
-        assert not value.vector
+            self.lane, self.cache = lane, cache
         return value.value
 
     def _depends_on_lane(self, expr: L.Expr) -> bool:

@@ -22,7 +22,7 @@ import numpy as np
 from kina_frontend.diagnostics import KinaError
 
 from .pipeline import KernelPlan, object_code
-from .target import LLVM_LOCK, target_machine
+from .target import LLVM_LOCK, new_target_machine
 
 
 class IdOutOfRangeError(IndexError):
@@ -98,7 +98,7 @@ class CompiledFunction:
         if len(given) != len(self.results):
             raise ArgumentError(f"{self.name}(): out= needs {len(self.results)} array(s), got "
                                 f"{len(given)}")
-        for position, (array, (dtype, shape)) in enumerate(zip(given, self.results)):
+        for position, (array, (dtype, shape)) in enumerate(zip(given, self.results, strict=True)):
             what = f"{self.name}(): out[{position}]"
             if not isinstance(array, np.ndarray):
                 raise ArgumentError(f"{what} must be a numpy array")
@@ -158,7 +158,8 @@ class CompiledModule:
 def jit_module(plans: list[KernelPlan], parsed: llvm.ModuleRef) -> CompiledModule:
     """Compile in-process with MCJIT; nothing touches the disk."""
     with LLVM_LOCK:
-        engine = llvm.create_mcjit_compiler(parsed, target_machine(False))
+        # The engine owns (and frees) the target machine it is given: a fresh one each time.
+        engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
         engine.finalize_object()
         addresses = {plan.symbol: engine.get_function_address(plan.symbol) for plan in plans}
     return CompiledModule(plans, addresses, engine, "jit")

@@ -30,6 +30,12 @@ def host_cpu() -> tuple[str, str]:
 
 @functools.cache
 def target_machine(pic: bool = False) -> llvm.TargetMachine:
+    """The shared host target machine (for optimising and emitting code). Never hand it
+    to an execution engine: an MCJIT engine takes ownership and frees it with itself."""
+    return new_target_machine(pic)
+
+
+def new_target_machine(pic: bool = False) -> llvm.TargetMachine:
     _initialise()
     cpu, features = host_cpu()
     target = llvm.Target.from_triple(llvm.get_process_triple())

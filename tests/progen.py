@@ -1,0 +1,250 @@
+"""A generator of random well-typed Kina programs (for differential tests and fuzzing).
+
+`generate_program(rng)` composes elementwise ops, layouts (reshape, transpose,
+broadcast), reductions, softmax, matmul, gather, one_hot and argmax over odd sizes,
+and returns the source text plus the inputs to call it with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SIZES = (1, 2, 3, 4, 5, 7, 8, 16, 17, 31, 33)
+MAX_ELEMENTS = 6000
+
+
+@dataclass
+class _Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "F32" | "I64"
+    limit: int = 0  # for I64 ids: values lie in [0, limit)
+    positive: bool = False  # all elements > 0 (safe for log/sqrt)
+
+
+@dataclass
+class GeneratedProgram:
+    source: str
+    inputs: list[np.ndarray]
+    function: str = "generated"
+    ops: list[str] = field(default_factory=list)
+
+
+def _numel(shape) -> int:
+    return int(np.prod(shape)) if shape else 1
+
+
+def _type(t: _Tensor) -> str:
+    return f"Tensor[{t.dtype}, [{', '.join(str(d) for d in t.shape)}], @host]"
+
+
+class _Builder:
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self.params: list[_Tensor] = []
+        self.inputs: list[np.ndarray] = []
+        self.lines: list[str] = []
+        self.pool: list[_Tensor] = []
+        self.counter = 0
+        self.ops: list[str] = []
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def shape(self, rank: int | None = None) -> tuple[int, ...]:
+        rank = int(self.rng.integers(1, 4)) if rank is None else rank
+        while True:
+            shape = tuple(int(self.rng.choice(SIZES)) for _ in range(rank))
+            if _numel(shape) <= MAX_ELEMENTS:
+                return shape
+
+    def param(self, shape, dtype="F32", limit=0, positive=False) -> _Tensor:
+        t = _Tensor(self.fresh("p"), tuple(shape), dtype, limit, positive)
+        self.params.append(t)
+        if dtype == "F32":
+            data = self.rng.standard_normal(shape).astype(np.float32)
+            if positive:
+                data = np.abs(data) + np.float32(0.5)
+        else:
+            data = self.rng.integers(0, limit, size=shape, dtype=np.int64)
+        self.inputs.append(data)
+        self.pool.append(t)
+        return t
+
+    def let(self, expr: str, shape, dtype="F32", limit=0, positive=False, op="") -> _Tensor:
+        t = _Tensor(self.fresh("v"), tuple(shape), dtype, limit, positive)
+        self.lines.append(f"  let {t.name} = {expr};")
+        self.pool.append(t)
+        self.ops.append(op)
+        return t
+
+    def pick(self, dtype="F32", predicate=lambda t: True) -> _Tensor | None:
+        options = [t for t in self.pool if t.dtype == dtype and predicate(t)]
+        if not options:
+            return None
+        return options[int(self.rng.integers(len(options)))]
+
+    # ---- one random step ----------------------------------------------------------------------
+
+    def step(self) -> None:
+        choice = self.rng.choice(["binary", "literal", "unary", "transpose", "reshape",
+                                  "broadcast", "reduce", "softmax", "matmul", "gather",
+                                  "one_hot", "argmax"])
+        getattr(self, "_" + str(choice))()
+
+    def _binary(self):
+        a = self.pick()
+        op = str(self.rng.choice(["add", "sub", "mul", "div"]))
+        if op == "div":
+            b = self.pick(predicate=lambda t: t.shape == a.shape and t.positive) or \
+                self.param(a.shape, positive=True)
+        else:
+            b = self.pick(predicate=lambda t: t.shape == a.shape) or self.param(a.shape)
+        positive = a.positive and b.positive and op in ("add", "mul", "div")
+        if self.rng.random() < 0.3:  # infix sugar
+            symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
+            self.let(f"{a.name} {symbol} {b.name}", a.shape, positive=positive, op=op)
+        else:
+            self.let(f"{op}({a.name}, {b.name})", a.shape, positive=positive, op=op)
+
+    def _literal(self):
+        a = self.pick()
+        value = float(self.rng.choice([0.5, 2.0, -1.25, 3.0]))
+        op = str(self.rng.choice(["add", "mul"]))
+        positive = a.positive and value > 0
+        self.let(f"{op}({a.name}, {value})", a.shape, positive=positive, op=op)
+
+    def _unary(self):
+        op = str(self.rng.choice(["neg", "exp", "log", "sqrt", "tanh"]))
+        if op in ("log", "sqrt"):
+            a = self.pick(predicate=lambda t: t.positive) or self.param(self.shape(),
+                                                                         positive=True)
+        elif op == "exp":
+            # Keep exp's argument bounded so values stay finite through later ops.
+            a = self.pick()
+            inner = self.let(f"tanh({a.name})", a.shape, op="tanh")
+            self.let(f"exp({inner.name})", a.shape, positive=True, op="exp")
+            return
+        else:
+            a = self.pick()
+        positive = op == "sqrt" or (op == "tanh" and False)
+        self.let(f"{op}({a.name})", a.shape, positive=positive, op=op)
+
+    def _transpose(self):
+        a = self.pick(predicate=lambda t: len(t.shape) >= 2)
+        if a is None:
+            return self._reshape()
+        perm = [int(p) for p in self.rng.permutation(len(a.shape))]
+        shape = tuple(a.shape[p] for p in perm)
+        self.let(f"transpose({a.name}, {perm})", shape, positive=a.positive, op="transpose")
+
+    def _reshape(self):
+        a = self.pick()
+        total = _numel(a.shape)
+        factors = []
+        rest = total
+        for _ in range(int(self.rng.integers(0, 3))):
+            divisors = [d for d in range(2, rest + 1) if rest % d == 0]
+            if not divisors:
+                break
+            d = int(self.rng.choice(divisors))
+            factors.append(d)
+            rest //= d
+        factors.append(rest)
+        self.rng.shuffle(factors)
+        shape = tuple(factors)
+        self.let(f"reshape({a.name}, {list(shape)})", shape, positive=a.positive, op="reshape")
+
+    def _broadcast(self):
+        a = self.pick(predicate=lambda t: len(t.shape) <= 3)
+        if a is None:
+            return
+        target = list(a.shape)
+        for axis, dim in enumerate(target):
+            if dim == 1 and self.rng.random() < 0.7:
+                target[axis] = int(self.rng.choice(SIZES))
+        if self.rng.random() < 0.5:
+            target.insert(0, int(self.rng.choice(SIZES[:6])))
+        if _numel(target) > MAX_ELEMENTS:
+            return
+        self.let(f"broadcast({a.name}, {target})", tuple(target), positive=a.positive,
+                 op="broadcast")
+
+    def _reduce(self):
+        a = self.pick(predicate=lambda t: len(t.shape) >= 1)
+        axis = int(self.rng.integers(len(a.shape)))
+        op = str(self.rng.choice(["sum", "max"]))
+        shape = a.shape[:axis] + a.shape[axis + 1:]
+        positive = a.positive
+        self.let(f"{op}({a.name}, axis={axis})", shape, positive=positive, op=op)
+
+    def _softmax(self):
+        a = self.pick(predicate=lambda t: len(t.shape) >= 1)
+        axis = int(self.rng.integers(len(a.shape)))
+        op = str(self.rng.choice(["softmax", "log_softmax"]))
+        self.let(f"{op}({a.name}, axis={axis})", a.shape, positive=(op == "softmax"), op=op)
+
+    def _matmul(self):
+        a = self.pick(predicate=lambda t: 2 <= len(t.shape) <= 4)
+        if a is None:
+            a = self.param(self.shape(2))
+        n = int(self.rng.choice(SIZES))
+        b_shape = a.shape[:-2] + (a.shape[-1], n)
+        if _numel(b_shape) > MAX_ELEMENTS or _numel(a.shape[:-1] + (n,)) > MAX_ELEMENTS:
+            return
+        b = self.pick(predicate=lambda t: t.shape == b_shape) or self.param(b_shape)
+        self.let(f"matmul({a.name}, {b.name})", a.shape[:-1] + (n,), op="matmul")
+
+    def _gather(self):
+        ids = self.pick("I64", predicate=lambda t: len(t.shape) <= 2)
+        rows = int(self.rng.choice(SIZES))
+        if ids is None:
+            ids = self.param(self.shape(int(self.rng.integers(1, 3))), "I64", limit=rows)
+        rows = max(rows, ids.limit)
+        width = int(self.rng.choice(SIZES))
+        if _numel(ids.shape) * width > MAX_ELEMENTS:
+            return
+        table = self.param((rows, width))
+        self.let(f"gather({table.name}, {ids.name})", ids.shape + (width,), op="gather")
+
+    def _one_hot(self):
+        ids = self.pick("I64", predicate=lambda t: len(t.shape) <= 2)
+        if ids is None:
+            ids = self.param(self.shape(1), "I64", limit=int(self.rng.choice(SIZES)))
+        n = max(ids.limit, int(self.rng.choice(SIZES)))
+        if _numel(ids.shape) * n > MAX_ELEMENTS:
+            return
+        self.let(f"one_hot({ids.name}, {n})", ids.shape + (n,), op="one_hot")
+
+    def _argmax(self):
+        a = self.pick(predicate=lambda t: len(t.shape) >= 2)
+        if a is None:
+            return
+        axis = int(self.rng.integers(len(a.shape)))
+        shape = a.shape[:axis] + a.shape[axis + 1:]
+        self.let(f"argmax({a.name}, axis={axis})", shape, "I64", limit=a.shape[axis],
+                 op="argmax")
+
+
+def generate_program(rng: np.random.Generator, steps: int | None = None) -> GeneratedProgram:
+    builder = _Builder(rng)
+    builder.param(builder.shape())
+    for _ in range(steps if steps is not None else int(rng.integers(2, 9))):
+        builder.step()
+    floats = [t for t in builder.pool if t.dtype == "F32" and t not in builder.params]
+    ints = [t for t in builder.pool if t.dtype == "I64" and t not in builder.params]
+    results = (floats[-1:] or builder.params[:1]) + ints[-1:]
+    params = ", ".join(f"{p.name}: {_type(p)}" for p in builder.params)
+    if len(results) == 1:
+        signature = _type(results[0])
+        returned = results[0].name
+    else:
+        signature = "(" + ", ".join(_type(r) for r in results) + ")"
+        returned = "(" + ", ".join(r.name for r in results) + ")"
+    body = "\n".join(builder.lines)
+    source = (f"fn generated({params}) -> {signature} {{\n{body}\n"
+              f"  return {returned};\n}}\n")
+    return GeneratedProgram(source, builder.inputs, ops=[o for o in builder.ops if o])

@@ -1,0 +1,112 @@
+"""The Python wrapper of compiled functions: argument checks, out=, id range checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.api import compile_source
+from tilegen.runtime import ArgumentError, IdOutOfRangeError
+
+SOURCE = """
+fn embed(table: Tensor[F32, [8, 4], @host], ids: Tensor[I64, [2, 3], @host])
+    -> Tensor[F32, [2, 3, 4], @host] {
+  return gather(table, ids);
+}
+fn classes(ids: Tensor[I64, [5], @host]) -> Tensor[F32, [5, 7], @host] {
+  return one_hot(ids, 7);
+}
+fn twice(x: Tensor[F32, [3, 17], @host]) -> (Tensor[F32, [3, 17], @host],
+                                             Tensor[F32, [3], @host]) {
+  return (mul(x, 2.0), sum(x, axis=1));
+}
+fn computed(x: Tensor[F32, [4, 9], @host], table: Tensor[F32, [5, 2], @host])
+    -> Tensor[F32, [4, 2], @host] {
+  return gather(table, argmax(x, axis=1));
+}
+"""
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["jit", "so"])
+def module(request):
+    return compile_source(SOURCE, "guards.kina", jit=request.param)
+
+
+def test_gather_and_one_hot_ids_out_of_range(module):
+    table = np.arange(32, dtype=np.float32).reshape(8, 4)
+    ids = np.array([[0, 1, 2], [3, 8, 5]])
+    with pytest.raises(IdOutOfRangeError, match=r"id 8 at position \[1, 1\] of argument 'ids'"):
+        module.embed(table, ids)
+    with pytest.raises(IdOutOfRangeError, match=r"id -1 at position \[0, 2\]"):
+        module.embed(table, np.array([[0, 1, -1], [0, 0, 0]]))
+    with pytest.raises(IdOutOfRangeError, match=r"one_hot .* id 7 at position \[4\]"):
+        module.classes(np.array([0, 1, 2, 3, 7]))
+    good = module.embed(table, np.array([[0, 1, 2], [3, 7, 5]]))
+    np.testing.assert_array_equal(good, table[np.array([[0, 1, 2], [3, 7, 5]])])
+
+
+def test_computed_ids_are_checked(module):
+    x = np.zeros((4, 9), np.float32)
+    x[2, 6] = 1.0  # argmax 6 is outside the 5-row table
+    table = np.ones((5, 2), np.float32)
+    with pytest.raises(IdOutOfRangeError, match=r"id 6 at position \[2\] of a computed ids"):
+        module.computed(x, table)
+
+
+def test_wrong_arity_dtype_shape(module):
+    table = np.zeros((8, 4), np.float32)
+    ids = np.zeros((2, 3), np.int64)
+    with pytest.raises(ArgumentError, match="takes 2 argument"):
+        module.embed(table)
+    with pytest.raises(ArgumentError, match="'table' must have dtype float32, got float64"):
+        module.embed(table.astype(np.float64), ids)
+    with pytest.raises(ArgumentError, match=r"'ids' must have shape \[2, 3\], got \[3, 2\]"):
+        module.embed(table, ids.reshape(3, 2))
+    with pytest.raises(ArgumentError, match="'ids' must have dtype int64, got int32"):
+        module.embed(table, ids.astype(np.int32))
+
+
+def test_non_contiguous_inputs_are_copied(module):
+    base = np.random.default_rng(0).standard_normal((17, 3)).astype(np.float32)
+    view = base.T  # Fortran-ordered view of shape [3, 17]
+    doubled, sums = module.twice(view)
+    np.testing.assert_allclose(doubled, 2 * view)
+    np.testing.assert_allclose(sums, view.sum(axis=1), rtol=1e-6)
+
+
+def test_out_arrays(module):
+    x = np.ones((3, 17), np.float32)
+    out = (np.empty((3, 17), np.float32), np.empty(3, np.float32))
+    result = module.twice(x, out=out)
+    assert result[0] is out[0] and result[1] is out[1]
+    np.testing.assert_array_equal(out[1], np.full(3, 17, np.float32))
+    with pytest.raises(ArgumentError, match="out= needs 2"):
+        module.twice(x, out=out[:1])
+    readonly = np.empty((3, 17), np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(ArgumentError, match="read-only"):
+        module.twice(x, out=(readonly, out[1]))
+    with pytest.raises(ArgumentError, match="overlaps"):
+        module.twice(x, out=(x, out[1]))
+    with pytest.raises(ArgumentError, match="C-contiguous"):
+        module.twice(x, out=(np.empty((17, 3), np.float32).T, out[1]))
+
+
+def test_nan_and_inf_propagate(module):
+    x = np.ones((3, 17), np.float32)
+    x[0, 3] = np.nan
+    x[1, 0] = np.inf
+    doubled, sums = module.twice(x)
+    assert np.isnan(doubled[0, 3]) and np.isnan(sums[0])
+    assert np.isinf(doubled[1, 0]) and np.isinf(sums[1])
+
+
+def test_module_reports_unknown_function(module):
+    with pytest.raises(AttributeError, match="has no function 'nope'"):
+        module.nope  # noqa: B018
+
+
+def test_package_exports():
+    assert tilegen.IdOutOfRangeError is IdOutOfRangeError
+    assert callable(tilegen.compile_file)
