@@ -9,8 +9,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["ArgumentError", "IdOutOfRangeError", "KinaError", "compile_file",
-           "compile_program", "compile_source", "__version__"]
+__all__ = [
+    "ArgumentError",
+    "IdOutOfRangeError",
+    "KinaError",
+    "__version__",
+    "compile_file",
+    "compile_program",
+    "compile_source",
+]
 
 
 def __getattr__(name: str):

@@ -231,7 +231,7 @@ class RowKernel:
 
 # ---- constructors with light constant folding on index arithmetic ---------------------------
 
-def const(value: int | float, dtype: str = I64) -> Const:
+def const(value: float, dtype: str = I64) -> Const:
     return Const(value, dtype)
 
 

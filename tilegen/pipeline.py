@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
-import llvmlite.ir as ir
+from llvmlite import ir
 
 from kina_frontend.diagnostics import KinaError
 from kina_frontend.tensor_ir import Function, Program

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
+from llvmlite import ir
 
 _INTRINSICS = {"exp": "llvm.exp", "log": "llvm.log", "tanh": "llvm.tanh"}
 
