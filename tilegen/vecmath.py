@@ -1,25 +1,194 @@
-"""Transcendental functions for generated code.
+"""Vectorisable exp and log, generated as LLVM IR.
 
-`MathLibrary.call(builder, op, value)` emits exp, log or tanh of a scalar or a vector.
+LLVM lowers `llvm.exp`/`llvm.log` on vectors to one libm call per lane, which makes
+softmax call-bound. These versions are branch-free straight-line code (range reduction
+plus a polynomial), so they work on scalars and on vectors of any width alike and stay
+within 2 ulp over the whole float range (checked by tests/test_vecmath.py against float64
+NumPy over millions of inputs).
+
+exp(x):  n = rint(x / ln 2), r = x - n ln 2 in two steps (Cody-Waite: ln 2 split in a
+         short high part, exact for |n| < 2^8, and a low part); e^r by its Taylor series
+         on |r| <= ln2/2 (degree 7 for f32, 13 for f64: truncation below half an ulp);
+         2^n applied as two exact powers of two so results into the subnormal range are
+         rounded once.
+log(x):  x = 2^k m with m in [sqrt(2)/2, sqrt(2)) (subnormals pre-scaled), f = m - 1,
+         s = f / (2 + f), log(1 + f) = f - (f^2/2 - s (f^2/2 + R)) with R the atanh
+         series 2 s^2/3 + 2 s^4/5 + ... (|s| <= 0.172: 5 terms for f32, 11 for f64),
+         and k ln 2 added as a high part (exact product) and a low part.
+Special values (NaN, +-inf, 0, negative log arguments) are fixed up with selects.
+tanh stays on the libm intrinsic (not on any hot path).
 """
 
 from __future__ import annotations
 
+import math
+
 from llvmlite import ir
 
-_INTRINSICS = {"exp": "llvm.exp", "log": "llvm.log", "tanh": "llvm.tanh"}
+_LIBM_INTRINSICS = {"tanh": "llvm.tanh"}
+
+
+class _Format:
+    def __init__(self, is_double: bool):
+        self.is_double = is_double
+        self.float = ir.DoubleType() if is_double else ir.FloatType()
+        self.int = ir.IntType(64 if is_double else 32)
+        self.mantissa_bits = 52 if is_double else 23
+        self.bias = 1023 if is_double else 127
+        # ln 2 split: the high part has few significant bits so n * ln2_hi is exact.
+        self.ln2_hi = 0.693145751953125 if is_double else 0.693359375
+        self.ln2_lo = _ln2_low_part(self.ln2_hi)
+        self.exp_terms = 13 if is_double else 7
+        self.log_terms = 11 if is_double else 5
+        self.overflow = 709.79 if is_double else 88.73
+        self.underflow = -745.2 if is_double else -103.98
+        self.subnormal_scale_bits = 54 if is_double else 25
 
 
 class MathLibrary:
+    """Emits calls to per-(op, type) helper functions, defined once per module and
+    marked always-inline."""
+
     def __init__(self, module: ir.Module):
         self.module = module
 
     def call(self, builder: ir.IRBuilder, op: str, value: ir.Value) -> ir.Value:
-        name = _INTRINSICS[op] + "." + _suffix(value.type)
-        function = self.module.globals.get(name)
+        if op in _LIBM_INTRINSICS:
+            return builder.call(self._libm(op, value.type), [value])
+        return builder.call(self._helper(op, value.type), [value])
+
+    def _libm(self, op: str, ty) -> ir.Function:
+        name = _LIBM_INTRINSICS[op] + "." + _suffix(ty)
+        existing = self.module.globals.get(name)
+        return existing or ir.Function(self.module, ir.FunctionType(ty, [ty]), name)
+
+    def _helper(self, op: str, ty) -> ir.Function:
+        name = f"tilegen.{op}.{_suffix(ty)}"
+        existing = self.module.globals.get(name)
+        if existing is not None:
+            return existing
+        function = ir.Function(self.module, ir.FunctionType(ty, [ty]), name)
+        function.linkage = "internal"
+        function.attributes.add("alwaysinline")
+        function.attributes.add("nounwind")
+        builder = ir.IRBuilder(function.append_basic_block("entry"))
+        emit = _Emitter(self.module, builder, ty)
+        builder.ret(emit.exp(function.args[0]) if op == "exp" else emit.log(function.args[0]))
+        return function
+
+
+class _Emitter:
+    """Builds the math on one scalar or vector type."""
+
+    def __init__(self, module: ir.Module, builder: ir.IRBuilder, ty):
+        self.module = module
+        self.b = builder
+        self.ty = ty
+        self.width = ty.count if isinstance(ty, ir.VectorType) else 0
+        element = ty.element if self.width else ty
+        self.fmt = _Format(isinstance(element, ir.DoubleType))
+        self.int_ty = ir.VectorType(self.fmt.int, self.width) if self.width else self.fmt.int
+
+    def f(self, value: float) -> ir.Constant:
+        if self.width:
+            return ir.Constant(self.ty, [ir.Constant(self.fmt.float, value).constant] * self.width)
+        return ir.Constant(self.ty, value)
+
+    def i(self, value: int) -> ir.Constant:
+        if self.width:
+            return ir.Constant(self.int_ty, [value] * self.width)
+        return ir.Constant(self.int_ty, value)
+
+    def intrinsic(self, name: str, *args):
+        full = f"{name}.{_suffix(self.ty)}"
+        function = self.module.globals.get(full)
         if function is None:
-            function = ir.Function(self.module, ir.FunctionType(value.type, [value.type]), name)
-        return builder.call(function, [value])
+            function = ir.Function(self.module, ir.FunctionType(self.ty, [self.ty] * len(args)),
+                                   full)
+        return self.b.call(function, list(args))
+
+    def fma(self, a, b, c):
+        return self.intrinsic("llvm.fma", a, b, c)
+
+    def pow2(self, n_int):
+        """2^n as a float, for n in the normal exponent range."""
+        biased = self.b.add(n_int, self.i(self.fmt.bias))
+        return self.b.bitcast(self.b.shl(biased, self.i(self.fmt.mantissa_bits)), self.ty)
+
+    # ---- exp ----------------------------------------------------------------------------------
+
+    def exp(self, x):
+        fmt, b = self.fmt, self.b
+        clamped = self.intrinsic("llvm.minnum", self.intrinsic("llvm.maxnum", x,
+                                                                self.f(fmt.underflow)),
+                                 self.f(fmt.overflow))
+        n = self.intrinsic("llvm.rint", b.fmul(clamped, self.f(1 / math.log(2))))
+        r = self.fma(n, self.f(-fmt.ln2_hi), clamped)
+        r = self.fma(n, self.f(-fmt.ln2_lo), r)
+        poly = self.f(1 / math.factorial(fmt.exp_terms))
+        for k in range(fmt.exp_terms - 1, -1, -1):
+            poly = self.fma(poly, r, self.f(1 / math.factorial(k)))
+        n_int = b.fptosi(n, self.int_ty)
+        half = b.ashr(n_int, self.i(1))
+        rest = b.sub(n_int, half)
+        result = b.fmul(b.fmul(poly, self.pow2(half)), self.pow2(rest))
+        # Past the clamp: +inf above, 0 below; NaN stays NaN.
+        result = b.select(b.fcmp_ordered(">", x, self.f(fmt.overflow)), self.f(math.inf),
+                          result)
+        result = b.select(b.fcmp_ordered("<", x, self.f(fmt.underflow)), self.f(0.0), result)
+        return b.select(b.fcmp_unordered("uno", x, x), x, result)
+
+    # ---- log ----------------------------------------------------------------------------------
+
+    def log(self, x):
+        fmt, b = self.fmt, self.b
+        smallest_normal = 2.0 ** (1 - fmt.bias)
+        is_subnormal = b.fcmp_ordered("<", x, self.f(smallest_normal))
+        scaled = b.select(is_subnormal, b.fmul(x, self.f(2.0 ** fmt.subnormal_scale_bits)), x)
+        exponent_adjust = b.select(is_subnormal, self.i(-fmt.subnormal_scale_bits), self.i(0))
+        bits = b.bitcast(scaled, self.int_ty)
+        # Shift the mantissa range to [sqrt(2)/2, sqrt(2)) by biasing with sqrt(2)/2's bits.
+        sqrt_half_bits = _float_bits(math.sqrt(0.5), fmt.is_double)
+        one_bits = _float_bits(1.0, fmt.is_double)
+        shifted = b.add(bits, self.i(one_bits - sqrt_half_bits))
+        k = b.sub(b.ashr(shifted, self.i(fmt.mantissa_bits)), self.i(fmt.bias))
+        k = b.add(k, exponent_adjust)
+        mantissa_mask = (1 << fmt.mantissa_bits) - 1
+        m_bits = b.add(b.and_(shifted, self.i(mantissa_mask)), self.i(sqrt_half_bits))
+        m = b.bitcast(m_bits, self.ty)
+        f = b.fsub(m, self.f(1.0))
+        s = b.fdiv(f, b.fadd(self.f(2.0), f))
+        z = b.fmul(s, s)
+        series = self.f(2.0 / (2 * fmt.log_terms + 1))
+        for term in range(fmt.log_terms - 1, 0, -1):
+            series = self.fma(series, z, self.f(2.0 / (2 * term + 1)))
+        r = b.fmul(series, z)
+        hfsq = b.fmul(self.f(0.5), b.fmul(f, f))
+        dk = b.sitofp(k, self.ty)
+        low = self.fma(s, b.fadd(hfsq, r), b.fmul(dk, self.f(fmt.ln2_lo)))
+        result = b.fadd(b.fadd(b.fsub(low, hfsq), f), b.fmul(dk, self.f(fmt.ln2_hi)))
+        result = b.select(b.fcmp_ordered("==", x, self.f(0.0)), self.f(-math.inf), result)
+        result = b.select(b.fcmp_ordered("<", x, self.f(0.0)), self.f(math.nan), result)
+        result = b.select(b.fcmp_ordered("==", x, self.f(math.inf)), x, result)
+        return b.select(b.fcmp_unordered("uno", x, x), x, result)
+
+
+def _ln2_low_part(high: float) -> float:
+    """ln 2 - high, computed in 40-digit decimal arithmetic: in double arithmetic the
+    rounding of math.log(2) itself (4e-17) would be multiplied by |n| up to 1075."""
+    import decimal
+
+    with decimal.localcontext() as context:
+        context.prec = 40
+        return float(decimal.Decimal(2).ln() - decimal.Decimal(high))
+
+
+def _float_bits(value: float, is_double: bool) -> int:
+    import struct
+
+    if is_double:
+        return struct.unpack("<q", struct.pack("<d", value))[0]
+    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def _suffix(ty) -> str:
