@@ -9,14 +9,24 @@ hand from the source text, not copied from the compiler's output.
 from __future__ import annotations
 
 import random
+import re
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kina_frontend import KinaError, Source, check_source, decode_source, load_source, specialize
+from kina_frontend import (
+    KinaError,
+    Source,
+    check_source,
+    decode_source,
+    load_program,
+    load_source,
+    specialize,
+)
 from kina_frontend.lexer import tokenize
 from kina_frontend.parser import MAX_NESTING
 
@@ -582,3 +592,52 @@ def test_huge_integer_literal_is_a_diagnostic() -> None:
         check_source(Source("t.kina", text))
     assert info.value.kind == "lex"
     assert "5001 digits" in info.value.message
+
+
+# ---- docs/errors.md shows real output -------------------------------------------------------
+
+ERRORS_MD = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+
+
+def _documented_examples() -> list[tuple[str, str, str]]:
+    """(file name, source, expected output) for each `// NAME.kina` example in errors.md."""
+    blocks = re.findall(r"```(\w+)\n(.*?)```", ERRORS_MD.read_text(), re.DOTALL)
+    examples = []
+    for (lang, text), (next_lang, output) in zip(blocks, blocks[1:]):
+        first = text.split("\n", 1)[0]
+        if lang == "kina" and first.startswith("// ") and first.endswith(".kina"):
+            name = first[3:]
+            assert next_lang == "text", name
+            command, expected = output.split("\n", 1)
+            assert command == f"$ python -m tilegen.compile {name}"
+            examples.append((name, text, expected.rstrip("\n")))
+    return examples
+
+
+def test_errors_md_documents_every_code_with_a_checked_example() -> None:
+    examples = _documented_examples()
+    assert {re.search(r"error\[(K\d+)\]", e[2]).group(1) for e in examples} == \
+        set(CODES.values()) - {"K600", "K800"}
+    for name, text, expected in examples:
+        with pytest.raises(KinaError) as info:
+            specialize(check_source(Source(name, text)))
+        assert str(info.value) == expected, name
+
+
+def test_errors_md_io_and_lowering_examples(tmp_path, monkeypatch) -> None:
+    doc = ERRORS_MD.read_text()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not_a_file.kina").mkdir()
+    for path in ("not_a_file.kina", "missing.kina"):
+        with pytest.raises(KinaError) as info:
+            load_source(path)
+        assert f"\n{info.value}\n" in doc
+    calls = re.search(r"where `calls.kina` is\n\n```kina\n(.*?)```", doc, re.DOTALL).group(1)
+    (tmp_path / "calls.kina").write_text(calls)
+    from tilegen.lower import lower_function  # the backend raises K800
+
+    program = specialize(load_program("calls.kina"))
+    with pytest.raises(KinaError) as info:
+        lower_function(program.function("f"))
+    assert info.value.code == "K800"
+    assert f"```text\n{info.value}\n```" in doc
