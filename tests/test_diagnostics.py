@@ -603,7 +603,7 @@ def _documented_examples() -> list[tuple[str, str, str]]:
     """(file name, source, expected output) for each `// NAME.kina` example in errors.md."""
     blocks = re.findall(r"```(\w+)\n(.*?)```", ERRORS_MD.read_text(), re.DOTALL)
     examples = []
-    for (lang, text), (next_lang, output) in zip(blocks, blocks[1:]):
+    for (lang, text), (next_lang, output) in zip(blocks, blocks[1:], strict=False):
         first = text.split("\n", 1)[0]
         if lang == "kina" and first.startswith("// ") and first.endswith(".kina"):
             name = first[3:]
