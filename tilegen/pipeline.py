@@ -17,12 +17,14 @@ from kina_frontend.transforms import prepare_for_codegen
 
 from . import loopir as L
 from .codegen import KernelCodegen
+from .fastcall import build_entry
 from .lower import lower_function
 from .schedule import vectorize_pass
 from .target import LLVM_LOCK, optimize, target_machine, triple
 from .vecmath import MathLibrary
 
 SYMBOL_PREFIX = "kina_"
+ENTRY_PREFIX = "kina_entry_"
 
 # Loop-IR passes, in order; each maps a kernel to a kernel.
 SCHEDULE_PASSES = (("vectorize", vectorize_pass),)
@@ -38,6 +40,10 @@ class KernelPlan:
     @property
     def symbol(self) -> str:
         return SYMBOL_PREFIX + self.kernel.name
+
+    @property
+    def entry_symbol(self) -> str:
+        return ENTRY_PREFIX + self.kernel.name
 
 
 def prepare(program: Program, name: str) -> Function:
@@ -69,7 +75,8 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina") -> ir.Module:
     module.triple = triple()
     math = MathLibrary(module)
     for plan in plans:
-        KernelCodegen(module, plan.kernel, plan.symbol, math).build()
+        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math).build()
+        build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
     return module
 
 

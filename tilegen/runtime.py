@@ -21,6 +21,7 @@ import numpy as np
 
 from kina_frontend.diagnostics import KinaError
 
+from .fastcall import TABLE_SYMBOL, fill_runtime_table, layout_is_supported, make_builtin
 from .pipeline import KernelPlan, object_code
 from .target import LLVM_LOCK, new_target_machine
 
@@ -130,16 +131,58 @@ class CompiledFunction:
             f"{where} is out of range [0, {site.limit})")
 
 
+def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
+    """A plain Python function with the Kina signature that calls the native entry and
+    falls back to `slow` (which validates and raises) when the entry declines."""
+    params = [f"a{i}" for i in range(len(slow.params))]
+    outs = [f"o{i}" for i in range(len(slow.results))]
+    args = ", ".join(params)
+    returned = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
+    lines = [f"def {slow.name}({args}{', ' if args else ''}*, out=None):",
+             "    if out is None:"]
+    lines += [f"        o{i} = _empty(_shape{i}, _dtype{i})" for i in range(len(outs))]
+    lines += [f"        if _entry({', '.join(params + outs)}) is None:",
+              f"            return {returned}",
+              f"        return _slow({args})",
+              "    given = (out,) if type(out) is _ndarray else tuple(out)",
+              f"    if len(given) == {len(outs)} and _entry({args}{', ' if args else ''}*given) "
+              "is None:",
+              "        return given[0] if len(given) == 1 else given",
+              "    return _slow(" + args + (", " if args else "") + "out=out)"]
+    namespace = {"_empty": np.empty, "_ndarray": np.ndarray, "_entry": entry, "_slow": slow, "_keepalive": keepalive}
+    for i, (dtype, shape) in enumerate(slow.results):
+        namespace[f"_shape{i}"] = shape
+        namespace[f"_dtype{i}"] = dtype
+    exec(compile("\n".join(lines), f"<tilegen {slow.name}>", "exec"), namespace)
+    function = namespace[slow.name]
+    function.__doc__ = slow.__doc__
+    function.slow_path = slow
+    function.plan = slow.plan
+    function.params = slow.params
+    function.results = slow.results
+    return function
+
+
 class CompiledModule:
     """The compiled functions of one Kina program, as attributes."""
 
-    def __init__(self, plans: list[KernelPlan], addresses: dict[str, int], owner, kind: str):
+    def __init__(self, plans: list[KernelPlan], addresses: dict[str, int], owner, kind: str,
+                 table_address: int | None = None):
         self._owner = owner  # the MCJIT engine or the loaded library
         self.kind = kind
-        self.functions: dict[str, CompiledFunction] = {}
+        self.functions: dict[str, object] = {}
+        self._method_defs = []
+        fast = table_address is not None and layout_is_supported()
+        if fast:
+            fill_runtime_table(table_address)
         for plan in plans:
-            self.functions[plan.function.name] = CompiledFunction(self, plan,
-                                                                  addresses[plan.symbol])
+            slow = CompiledFunction(self, plan, addresses[plan.symbol])
+            if fast:
+                entry, definition = make_builtin(plan.entry_symbol, addresses[plan.entry_symbol])
+                self._method_defs.append(definition)
+                self.functions[plan.function.name] = _fast_wrapper(slow, entry, self)
+            else:
+                self.functions[plan.function.name] = slow
 
     def __getattr__(self, name: str) -> CompiledFunction:
         functions = self.__dict__.get("functions", {})
@@ -161,8 +204,12 @@ def jit_module(plans: list[KernelPlan], parsed: llvm.ModuleRef) -> CompiledModul
         # The engine owns (and frees) the target machine it is given: a fresh one each time.
         engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
         engine.finalize_object()
-        addresses = {plan.symbol: engine.get_function_address(plan.symbol) for plan in plans}
-    return CompiledModule(plans, addresses, engine, "jit")
+        addresses = {}
+        for plan in plans:
+            for symbol in (plan.symbol, plan.entry_symbol):
+                addresses[symbol] = engine.get_function_address(symbol)
+        table = engine.get_global_value_address(TABLE_SYMBOL)
+    return CompiledModule(plans, addresses, engine, "jit", table)
 
 
 def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
@@ -196,9 +243,12 @@ def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
 
 def load_shared_library(plans: list[KernelPlan], path: str) -> CompiledModule:
     library = ctypes.CDLL(os.path.abspath(path))
-    addresses = {plan.symbol: ctypes.cast(getattr(library, plan.symbol), ctypes.c_void_p).value
-                 for plan in plans}
-    return CompiledModule(plans, addresses, library, "so")
+    addresses = {}
+    for plan in plans:
+        for symbol in (plan.symbol, plan.entry_symbol):
+            addresses[symbol] = ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+    table = ctypes.addressof(ctypes.c_void_p.in_dll(library, TABLE_SYMBOL))
+    return CompiledModule(plans, addresses, library, "so", table)
 
 
 def aot_module(plans: list[KernelPlan], parsed: llvm.ModuleRef,

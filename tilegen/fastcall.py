@@ -1,0 +1,221 @@
+"""A native Python entry point per compiled function, generated in LLVM IR.
+
+Calling through ctypes costs microseconds: every `array.ctypes.data` builds objects.
+Instead, each kernel gets a METH_FASTCALL C function `entry(self, args, nargs)` that
+reads the NumPy array structs itself (as numba's dispatcher does): it checks the type,
+element type, rank, dims and flags of every argument, that no output overlaps another
+buffer, releases the GIL around large kernels, runs the kernel and returns None. Any
+mismatch, or a kernel error, returns NotImplemented instead, and the Python wrapper then
+takes the slow path, which validates in Python and raises the precise error.
+
+The process-specific addresses the entry compares against (the ndarray type object,
+None, NotImplemented) live in a small global table the loader fills after loading, so
+the same code works in the JIT and in a shared library. The layout offsets are checked
+against live arrays before any fast entry is used (`layout_is_supported`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+from llvmlite import ir
+
+from . import loopir as L
+
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+
+# PyArrayObject / PyArray_Descr field offsets on 64-bit CPython (verified at run time).
+OB_TYPE, ARRAY_DATA, ARRAY_ND, ARRAY_DIMS, ARRAY_DESCR, ARRAY_FLAGS = 8, 16, 24, 32, 56, 64
+DESCR_BYTEORDER, DESCR_TYPE_NUM = 26, 28
+C_CONTIGUOUS, ALIGNED, WRITEABLE = 0x0001, 0x0100, 0x0400
+
+# Slots of the runtime table.
+TABLE_NDARRAY, TABLE_NONE, TABLE_NOT_IMPLEMENTED = 0, 1, 2
+TABLE_SYMBOL = "kina_runtime_table"
+
+# Kernels estimated above this many element operations release the GIL while they run.
+RELEASE_GIL_WORK = 200_000
+
+_ELEMENT_BYTES = {L.F32: 4, L.F64: 8, L.I64: 8}
+
+
+def _accepted_type_nums(dtype: str) -> tuple[int, ...]:
+    target = np.dtype({L.F32: np.float32, L.F64: np.float64, L.I64: np.int64}[dtype])
+    return tuple(sorted({np.dtype(c).num for c in np.typecodes["All"]
+                         if np.dtype(c) == target}))
+
+
+def estimate_work(kernel: L.Kernel) -> int:
+    total = 0
+
+    def walk(stmts, trips):
+        nonlocal total
+        for stmt in stmts:
+            if isinstance(stmt, L.For):
+                walk(stmt.body, trips * stmt.extent)
+            else:
+                total += trips * max(1, L.expr_cost(stmt.value))
+    walk(kernel.body, 1)
+    return total
+
+
+def declare_runtime_table(module: ir.Module) -> ir.GlobalVariable:
+    existing = module.globals.get(TABLE_SYMBOL)
+    if existing is not None:
+        return existing
+    table = ir.GlobalVariable(module, ir.ArrayType(PTR, 3), TABLE_SYMBOL)
+    table.initializer = ir.Constant(ir.ArrayType(PTR, 3), None)
+    return table
+
+
+def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
+                symbol: str) -> ir.Function:
+    table = declare_runtime_table(module)
+    fnty = ir.FunctionType(PTR, [PTR, PTR, I64])
+    entry = ir.Function(module, fnty, symbol)
+    _self, args, nargs = entry.args
+    b = ir.IRBuilder(entry.append_basic_block("entry"))
+    fallback = entry.append_basic_block("fallback")
+
+    def table_slot(slot):
+        pointer = b.gep(table, [ir.Constant(I64, 0), ir.Constant(I64, slot)],
+                        source_etype=table.value_type)
+        return b.load(pointer, typ=PTR)
+
+    def field(obj, offset, ty):
+        return b.load(b.gep(obj, [ir.Constant(I64, offset)], source_etype=I8), typ=ty)
+
+    def require(condition, name):
+        passed = entry.append_basic_block(name)
+        b.cbranch(condition, passed, fallback)
+        b.position_at_end(passed)
+
+    names = list(kernel.inputs) + list(kernel.outputs)
+    require(b.icmp_signed("==", nargs, ir.Constant(I64, len(names))), "arity")
+    ndarray = table_slot(TABLE_NDARRAY)
+    data_pointers, extents = [], []
+    for position, name in enumerate(names):
+        buffer = kernel.buffer(name)
+        is_output = position >= len(kernel.inputs)
+        obj = b.load(b.gep(args, [ir.Constant(I64, position)], source_etype=PTR), typ=PTR)
+        require(b.icmp_unsigned("==", field(obj, OB_TYPE, PTR), ndarray), f"type.{position}")
+        require(b.icmp_signed("==", field(obj, ARRAY_ND, I32),
+                              ir.Constant(I32, len(buffer.shape))), f"rank.{position}")
+        descr = field(obj, ARRAY_DESCR, PTR)
+        type_num = field(descr, DESCR_TYPE_NUM, I32)
+        ok = ir.Constant(ir.IntType(1), 0)
+        for accepted in _accepted_type_nums(buffer.dtype):
+            ok = b.or_(ok, b.icmp_signed("==", type_num, ir.Constant(I32, accepted)))
+        big_endian = b.icmp_unsigned("==", field(descr, DESCR_BYTEORDER, I8),
+                                     ir.Constant(I8, ord(">")))
+        require(b.and_(ok, b.not_(big_endian)), f"dtype.{position}")
+        flags = field(obj, ARRAY_FLAGS, I32)
+        needed = C_CONTIGUOUS | ALIGNED | (WRITEABLE if is_output else 0)
+        require(b.icmp_unsigned("==", b.and_(flags, ir.Constant(I32, needed)),
+                                ir.Constant(I32, needed)), f"flags.{position}")
+        if buffer.shape:
+            dims = field(obj, ARRAY_DIMS, PTR)
+            same = ir.Constant(ir.IntType(1), 1)
+            for axis, extent in enumerate(buffer.shape):
+                dim = b.load(b.gep(dims, [ir.Constant(I64, axis)], source_etype=I64), typ=I64)
+                same = b.and_(same, b.icmp_signed("==", dim, ir.Constant(I64, extent)))
+            require(same, f"shape.{position}")
+        data = field(obj, ARRAY_DATA, PTR)
+        data_pointers.append(data)
+        extents.append(buffer.size * _ELEMENT_BYTES[buffer.dtype])
+    # Outputs must not overlap any other buffer (they are declared noalias to LLVM).
+    starts = [b.ptrtoint(p, I64) for p in data_pointers]
+    disjoint = ir.Constant(ir.IntType(1), 1)
+    for out in range(len(kernel.inputs), len(names)):
+        for other in range(len(names)):
+            if other == out:
+                continue
+            out_end = b.add(starts[out], ir.Constant(I64, extents[out]))
+            other_end = b.add(starts[other], ir.Constant(I64, extents[other]))
+            apart = b.or_(b.icmp_unsigned("<=", out_end, starts[other]),
+                          b.icmp_unsigned("<=", other_end, starts[out]))
+            disjoint = b.and_(disjoint, apart)
+    require(disjoint, "disjoint")
+    error_record = b.alloca(I64, size=ir.Constant(I64, 3))
+    error_record.type = PTR
+    release = estimate_work(kernel) >= RELEASE_GIL_WORK
+    if release:
+        save = _declare(module, "PyEval_SaveThread", ir.FunctionType(PTR, []))
+        restore = _declare(module, "PyEval_RestoreThread", ir.FunctionType(ir.VoidType(), [PTR]))
+        thread_state = b.call(save, [])
+    status = b.call(kernel_fn, data_pointers + [error_record])
+    if release:
+        b.call(restore, [thread_state])
+    require(b.icmp_signed("==", status, ir.Constant(I64, 0)), "succeeded")
+    incref = _declare(module, "Py_IncRef", ir.FunctionType(ir.VoidType(), [PTR]))
+    none = table_slot(TABLE_NONE)
+    b.call(incref, [none])
+    b.ret(none)
+    b.position_at_end(fallback)
+    not_implemented = table_slot(TABLE_NOT_IMPLEMENTED)
+    b.call(incref, [not_implemented])
+    b.ret(not_implemented)
+    return entry
+
+
+def _declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
+    existing = module.globals.get(name)
+    return existing if existing is not None else ir.Function(module, fnty, name)
+
+
+def fill_runtime_table(address: int) -> None:
+    table = (ctypes.c_void_p * 3).from_address(address)
+    table[TABLE_NDARRAY] = id(np.ndarray)
+    table[TABLE_NONE] = id(None)
+    table[TABLE_NOT_IMPLEMENTED] = id(NotImplemented)
+
+
+@functools.cache
+def layout_is_supported() -> bool:
+    """The struct offsets above match this interpreter's NumPy (else: no fast entries)."""
+    if ctypes.sizeof(ctypes.c_void_p) != 8:
+        return False
+    try:
+        probe = np.empty((3, 5), np.float32)
+        base = id(probe)
+
+        def read(offset, ctype):
+            return ctype.from_address(base + offset).value
+
+        descr = id(probe.dtype)
+        return (read(OB_TYPE, ctypes.c_void_p) == id(np.ndarray)
+                and read(ARRAY_DATA, ctypes.c_void_p) == probe.ctypes.data
+                and read(ARRAY_ND, ctypes.c_int) == 2
+                and ctypes.c_int64.from_address(read(ARRAY_DIMS, ctypes.c_void_p) + 8).value == 5
+                and read(ARRAY_DESCR, ctypes.c_void_p) == descr
+                and read(ARRAY_FLAGS, ctypes.c_int) & (C_CONTIGUOUS | ALIGNED | WRITEABLE)
+                == C_CONTIGUOUS | ALIGNED | WRITEABLE
+                and ctypes.c_int.from_address(descr + DESCR_TYPE_NUM).value
+                == np.dtype(np.float32).num)
+    except (ValueError, OSError):
+        return False
+
+
+class _MethodDef(ctypes.Structure):
+    _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p),
+                ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]
+
+
+METH_FASTCALL = 0x0080
+
+_new_cfunction = ctypes.pythonapi.PyCFunction_NewEx
+_new_cfunction.restype = ctypes.py_object
+_new_cfunction.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.py_object]
+
+
+def make_builtin(name: str, address: int):
+    """A Python builtin function object calling the native fast entry at `address`.
+    Returns (function, method_def); the def must stay alive as long as the function."""
+    definition = _MethodDef(name.encode(), address, METH_FASTCALL, None)
+    function = _new_cfunction(ctypes.addressof(definition), None, None)
+    return function, definition
