@@ -84,6 +84,45 @@ def _log_softmax_reference(args, attrs):
         return ((shifted - lse).astype(x.dtype),)
 
 
+# Vector-Jacobian rules. `b.restore_axis(r, axis, like)` broadcasts an axis-reduced tensor
+# back along that axis (reshape with a 1 there, then broadcast).
+
+def _sum_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    (x,) = op.operands
+    return (b.restore_axis(ct, op.attr("axis"), x.type),)
+
+
+def _max_vjp(b, op, cotangents):
+    # The whole cotangent goes to the first maximum along the axis -- the element argmax
+    # picks, so ties never split or duplicate it (PyTorch's max(dim) does the same). The
+    # mask is one_hot(argmax(x)) moved back to the reduced axis (one_hot puts it last).
+    (ct,) = cotangents
+    (x,) = op.operands
+    axis, rank = op.attr("axis"), x.type.rank
+    winners = b.emit("argmax", x, axis=axis)
+    mask = b.cast(b.emit("one_hot", winners, n=x.type.shape[axis]), x.type.dtype)
+    if axis != rank - 1:
+        mask = b.transpose(mask, tuple(range(axis)) + (rank - 1,) + tuple(range(axis, rank - 1)))
+    return (b.mul(mask, b.restore_axis(ct, axis, x.type)),)
+
+
+def _softmax_vjp(b, op, cotangents):
+    # y = softmax(x): dx = y * (ct - sum(ct * y)) along the axis.
+    (ct,) = cotangents
+    y, axis = op.result, op.attr("axis")
+    weighted = b.sum(b.mul(ct, y), axis)
+    return (b.mul(y, b.sub(ct, b.restore_axis(weighted, axis, y.type))),)
+
+
+def _log_softmax_vjp(b, op, cotangents):
+    # y = log_softmax(x): dx = ct - exp(y) * sum(ct) along the axis (exp(y) is softmax(x)).
+    (ct,) = cotangents
+    y, axis = op.result, op.attr("axis")
+    total = b.restore_axis(b.sum(ct, axis), axis, y.type)
+    return (b.sub(ct, b.mul(b.exp(y), total)),)
+
+
 def _with_axis(index, axis, var):
     return tuple(index[:axis]) + (var,) + tuple(index[axis:])
 
@@ -103,7 +142,9 @@ def _reduce_lower(reduce_op: str):
 
 
 def _row_lower(log: bool):
-    """softmax / log_softmax as one row pass: max, sum of exp(x - max), then the row."""
+    """softmax / log_softmax as one pass per row. softmax: the row max, then exp(x - max)
+    written to the result, its sum, then the result divided by the sum (one exp per
+    element). log_softmax: the max, the sum of exp(x - max), then x - max - log(sum)."""
     def lower(ctx, op, operands):
         (x,) = operands
         axis = op.attr("axis")
@@ -115,49 +156,170 @@ def _row_lower(log: bool):
 
         def emit(ctx, out):
             def row(index):
-                r1, r2 = ctx.var(extent, "r"), ctx.var(extent, "r")
+                def at(name):
+                    var = ctx.var(extent, name)
+                    return var, _with_axis(index, axis, var)
+
+                r1, max_index = at("r")
                 row_max = L.Var(ctx.fresh_name("row_max"), dtype)
                 row_sum = L.Var(ctx.fresh_name("row_sum"), dtype)
-                shifted = L.binary("sub", x.at(_with_axis(index, axis, r2)), row_max)
-                statements = [
-                    L.Let(row_max, L.Reduce("max", r1, extent,
-                                            x.at(_with_axis(index, axis, r1)), dtype)),
-                    L.Let(row_sum, L.Reduce("sum", r2, extent,
-                                            L.Unary("exp", shifted, dtype), dtype)),
-                ]
-                if log:
-                    log_sum = L.Var(ctx.fresh_name("log_sum"), dtype)
-                    statements.append(L.Let(log_sum, L.Unary("log", row_sum, dtype)))
-                j = ctx.var(extent, "j")
-                full = _with_axis(index, axis, j)
+                statements = [L.Let(row_max, L.Reduce("max", r1, extent, x.at(max_index),
+                                                      dtype))]
+                j, full = at("j")
                 centred = L.binary("sub", x.at(full), row_max)
-                value = (L.binary("sub", centred, log_sum) if log else
-                         L.binary("div", L.Unary("exp", centred, dtype), row_sum))
-                statements.append(L.For(j, extent, (L.Store(out, full, value),)))
+                if log:
+                    r2, sum_index = at("r")
+                    shifted = L.binary("sub", x.at(sum_index), row_max)
+                    log_sum = L.Var(ctx.fresh_name("log_sum"), dtype)
+                    statements += [
+                        L.Let(row_sum, L.Reduce("sum", r2, extent, L.Unary("exp", shifted,
+                                                                            dtype), dtype)),
+                        L.Let(log_sum, L.Unary("log", row_sum, dtype)),
+                        L.For(j, extent, (L.Store(out, full, L.binary("sub", centred,
+                                                                      log_sum)),)),
+                    ]
+                    return statements
+                r2, sum_index = at("r")
+                j2, scaled = at("j")
+                statements += [
+                    L.For(j, extent, (L.Store(out, full, L.Unary("exp", centred, dtype)),)),
+                    L.Let(row_sum, L.Reduce("sum", r2, extent, L.Load(out, sum_index, dtype),
+                                            dtype)),
+                    L.For(j2, extent, (L.Store(out, scaled, L.binary(
+                        "div", L.Load(out, scaled, dtype), row_sum)),)),
+                ]
                 return statements
             return ctx.loops(outer, row, "row")
         return L.RowKernel(op.result.type, emit)
     return lower
 
 
+# MLIR: reductions are linalg.generic with a reduction iterator on the axis, accumulating
+# into a linalg.fill-ed destination that lacks that axis.
+_INT64_MIN = -(2 ** 63)
+
+
+def _kept(rank: int, axis: int) -> tuple[int, ...]:
+    return tuple(d for d in range(rank) if d != axis)
+
+
+def _lowest(dtype: DType):
+    return float("-inf") if dtype.is_float else _INT64_MIN
+
+
+def _reduce_mlir(kind: str):
+    def mlir(ctx, op, operands):
+        (x,) = operands
+        dtype = x.type.dtype
+        scalar = ctx.element_type(dtype)
+        if kind == "sum":
+            initial, combine = 0, "arith.addf" if dtype.is_float else "arith.addi"
+        else:  # maximumf propagates NaN, as numpy's max does
+            initial, combine = _lowest(dtype), "arith.maximumf" if dtype.is_float else \
+                "arith.maxsi"
+        (name,) = ctx.reduce(x, op.attr("axis"), [(dtype, initial)],
+                             lambda b, v, acc: b.let(f"{combine} {v}, {acc} : {scalar}"),
+                             ctx.out())
+        return name
+    return mlir
+
+
+def _argmax_mlir(ctx, op, operands):
+    # One generic carrying (best value, best index); a later element wins only when it is
+    # strictly greater (first index on ties), or the first NaN (NaN counts as the maximum).
+    (x,) = operands
+    axis = op.attr("axis")
+    dtype = x.type.dtype
+    scalar = ctx.element_type(dtype)
+
+    def body(b, v, best, best_index):
+        if dtype.is_float:
+            greater = b.let(f"arith.cmpf ogt, {v}, {best} : {scalar}", "greater")
+            is_nan = b.let(f"arith.cmpf uno, {v}, {v} : {scalar}", "is_nan")
+            best_is_number = b.let(f"arith.cmpf ord, {best}, {best} : {scalar}", "best_num")
+            first_nan = b.let(f"arith.andi {is_nan}, {best_is_number} : i1", "first_nan")
+            take = b.let(f"arith.ori {greater}, {first_nan} : i1", "take")
+        else:
+            take = b.let(f"arith.cmpi sgt, {v}, {best} : {scalar}", "take")
+        index = b.index_i64(axis)
+        return [b.let(f"arith.select {take}, {v}, {best} : {scalar}", "best"),
+                b.let(f"arith.select {take}, {index}, {best_index} : i64", "best_index")]
+    _, indices = ctx.reduce(x, axis, [(dtype, _lowest(dtype)), (DType.I64, 0)], body,
+                            (ctx.out() + "_value", ctx.out()))
+    return indices
+
+
+def _row_mlir(log: bool):
+    """softmax: max-reduce, sub + exp, sum-reduce, div. log_softmax: max-reduce, sub,
+    sum-reduce of exp, then shifted - log(sum)."""
+    def mlir(ctx, op, operands):
+        (x,) = operands
+        axis = op.attr("axis")
+        result = op.result.type
+        scalar = ctx.element_type(result.dtype)
+        kept = _kept(result.rank, axis)
+        rows = result.with_shape(tuple(result.shape[d] for d in kept))
+        hint = ctx.out()
+        (row_max,) = ctx.reduce(
+            x, axis, [(result.dtype, float("-inf"))],
+            lambda b, v, acc: b.let(f"arith.maximumf {v}, {acc} : {scalar}"), hint + "_max")
+        row_max = ctx.value(row_max, rows)
+        if log:
+            shifted = ctx.value(ctx.parallel(
+                result, [x, (row_max, kept)],
+                lambda b, v, m: b.let(f"arith.subf {v}, {m} : {scalar}"), hint + "_shifted"),
+                result)
+
+            def exp_sum(b, v, acc):
+                return b.let(f"arith.addf {b.let(f'math.exp {v} : {scalar}')}, {acc} : "
+                             f"{scalar}")
+            (row_sum,) = ctx.reduce(shifted, axis, [(result.dtype, 0.0)], exp_sum,
+                                    hint + "_sum")
+
+            def centre(b, v, total):
+                return b.let(f"arith.subf {v}, {b.let(f'math.log {total} : {scalar}')} : "
+                             f"{scalar}")
+            return ctx.parallel(result, [shifted, (ctx.value(row_sum, rows), kept)], centre)
+
+        def shifted_exp(b, v, m):
+            return b.let(f"math.exp {b.let(f'arith.subf {v}, {m} : {scalar}')} : {scalar}")
+        exps = ctx.value(ctx.parallel(result, [x, (row_max, kept)], shifted_exp, hint + "_exp"),
+                         result)
+        (row_sum,) = ctx.reduce(exps, axis, [(result.dtype, 0.0)],
+                                lambda b, v, acc: b.let(f"arith.addf {v}, {acc} : {scalar}"),
+                                hint + "_sum")
+        return ctx.parallel(result, [exps, (ctx.value(row_sum, rows), kept)],
+                            lambda b, e, total: b.let(f"arith.divf {e}, {total} : {scalar}"))
+    return mlir
+
+
 sum_ = register(OpDef(
     "sum", "reduction", _AXIS_PARAMS, _reduce_rule("sum", None, False), _sum_reference,
     "sum along axis (axis removed)",
+    vjp=_sum_vjp,
+    mlir=_reduce_mlir("sum"),
     lower=_reduce_lower("sum")))
 max_ = register(OpDef(
     "max", "reduction", _AXIS_PARAMS, _reduce_rule("max", None, False), _max_reference,
     "maximum along axis (axis removed)",
+    vjp=_max_vjp,
+    mlir=_reduce_mlir("max"),
     lower=_reduce_lower("max")))
 argmax = register(OpDef(
     "argmax", "reduction", _AXIS_PARAMS, _reduce_rule("argmax", DType.I64, False),
     _argmax_reference, "index of the maximum along axis, first on ties (I64, axis removed)",
     differentiable=False,
+    mlir=_argmax_mlir,
     lower=_reduce_lower("argmax")))
 softmax = register(OpDef(
     "softmax", "reduction", _AXIS_PARAMS, _keep_rule("softmax"), _softmax_reference,
     "exp(x - max) / sum(exp(x - max)) along axis",
+    vjp=_softmax_vjp,
+    mlir=_row_mlir(False),
     lower=_row_lower(False)))
 log_softmax = register(OpDef(
     "log_softmax", "reduction", _AXIS_PARAMS, _keep_rule("log_softmax"), _log_softmax_reference,
     "x - max - log(sum(exp(x - max))) along axis",
+    vjp=_log_softmax_vjp,
+    mlir=_row_mlir(True),
     lower=_row_lower(True)))
