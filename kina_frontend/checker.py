@@ -244,6 +244,10 @@ class _Checker:
             declared = self.resolve_type(let.annotation)
             self.require_type(values[0].type, declared, let.annotation.span,
                               f"'{hints[0]}' is annotated")
+        for index, target in enumerate(let.targets):
+            if any(t.ident == target.ident for t in let.targets[:index]):
+                raise KinaError("name", f"'{target.ident}' is bound twice in this 'let'",
+                                target.span)
         for target, value in zip(let.targets, values, strict=True):
             if target.ident in REGISTRY or target.ident in self.signatures:
                 raise KinaError("name", f"'{target.ident}' is an op or function name and "
@@ -376,6 +380,7 @@ class _Checker:
 
     def check_fn_call(self, call: ast.Call, signature: _Signature, hints) -> tuple[Value, ...]:
         name = signature.decl.name.ident
+        self.reject_main_callee(signature, call.callee.span)
         if call.kwargs:
             raise KinaError("arity", f"function '{name}' takes positional arguments only",
                             call.kwargs[0].span)
@@ -386,6 +391,14 @@ class _Checker:
         operands = self.check_call_args(call, signature)
         self.scope.calls.append((name, call.callee.span))
         return self.emit("call", operands, {"callee": name}, signature.results, call.span, hints)
+
+    @staticmethod
+    def reject_main_callee(signature: _Signature, span: Span) -> None:
+        # @main's placeholders are the program's inputs; a call would smuggle them elsewhere.
+        if any(a.ident == "main" for a in signature.decl.attributes):
+            raise KinaError("type", f"the @main function '{signature.decl.name.ident}' cannot "
+                            "be called", span,
+                            ("move the shared computation into a function and call that",))
 
     def check_call_args(self, call: ast.Call, signature: _Signature) -> tuple[Value, ...]:
         operands = []
@@ -409,6 +422,7 @@ class _Checker:
         if signature is None:
             raise KinaError("name", f"reverseMode of unknown function '{fname}'",
                             inner.args[0].span, _did_you_mean(fname, list(self.signatures)))
+        self.reject_main_callee(signature, inner.args[0].span)
         if len(signature.results) != 1:
             raise KinaError("autodiff", f"reverseMode needs '{fname}' to return one tensor; it "
                             f"returns {len(signature.results)}", inner.args[0].span)

@@ -189,6 +189,9 @@ class Parser:
                 targets = [self.expect_ident("after 'let'")]
             annotation = None
             if self.at(":"):
+                if destructure:
+                    raise self.error("a type annotation needs a single name",
+                                     ("annotate each result in its own 'let'",))
                 self.advance()
                 annotation = self.parse_type()
             self.expect("=", "in a 'let' binding")

@@ -107,6 +107,8 @@ CASES = [
          "positional argument after a keyword argument", "come last"),
     Case("unclosed-body-at-eof", PRELUDE + "  let y = x;\n", "syntax", 3, 13,
          "unexpected end of file inside a function body; missing '}'", "opened at t.kina:2:"),
+    Case("annotated-tuple-let", body(f"let (a, b): {F23} = (x, x);", "return a;"), "syntax",
+         3, 13, "a type annotation needs a single name", "in its own 'let'"),
     Case("top-level-statement", "let x = 1;\n", "syntax", 1, 1,
          "expected 'const' or 'fn' at top level, found 'let'"),
     Case("expression-expected", body("return );"), "syntax", 3, 10,
@@ -149,6 +151,8 @@ CASES = [
          "'exp' is an op or function name and cannot be rebound"),
     Case("let-rebinds-const", body("let T = x;", "return x;"), "name", 3, 7,
          "'T' is a const and cannot be rebound"),
+    Case("tuple-let-binds-twice", body("let (a, a) = (x, x);", "return a;"), "name", 3, 11,
+         "'a' is bound twice in this 'let'"),
     Case("param-named-like-const", f"const T = 2;\nfn f(T: {F23}) {{}}\n", "name", 2, 6,
          "parameter 'T' has the name of a const"),
     # ---- arity (K310) -------------------------------------------------------------------------
@@ -222,6 +226,14 @@ CASES = [
     Case("number-as-tensor", body("return 1.5;"), "type", 3, 10, "a number is not a tensor here"),
     Case("placeholder-outside-main", body(f"let p = placeholder({F23});", "return p;"), "type",
          3, 11, "placeholder(...) is only allowed in the @main function", "@main"),
+    Case("main-called", src("""
+        @main
+        fn main() {
+          let x = placeholder(Tensor[F32, [2], @host]);
+        }
+        fn f() {
+          main();
+        }"""), "type", 6, 3, "the @main function 'main' cannot be called"),
     Case("unknown-dtype", "fn f(x: Tensor[Q32, [2], @host]) {}\n", "type", 1, 16,
          "unknown element type 'Q32'"),
     Case("dims-attr-not-a-list", body("return broadcast(x, x);"), "type", 3, 23,
