@@ -81,44 +81,107 @@ def _unary_lower(opname: str):
     return lower
 
 
+# Vector-Jacobian rules: (builder, op, (result cotangent,)) -> one cotangent per operand.
+# `op.result` is the forward value y, reused where the derivative is a function of it.
+
+def _add_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    return (ct, ct)
+
+
+def _sub_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    return (ct, b.neg(ct))
+
+
+def _mul_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    lhs, rhs = op.operands
+    return (b.mul(ct, rhs), b.mul(ct, lhs))
+
+
+def _div_vjp(b, op, cotangents):
+    # y = l / r: dl = ct / r, dr = -ct * l / r^2 = -(ct * y) / r.
+    (ct,) = cotangents
+    _, rhs = op.operands
+    return (b.div(ct, rhs), b.neg(b.div(b.mul(ct, op.result), rhs)))
+
+
+def _neg_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    return (b.neg(ct),)
+
+
+def _exp_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    return (b.mul(ct, op.result),)
+
+
+def _log_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    return (b.div(ct, op.operands[0]),)
+
+
+def _sqrt_vjp(b, op, cotangents):
+    # d sqrt(x) = 1 / (2 sqrt(x)) = 1 / (y + y).
+    (ct,) = cotangents
+    return (b.div(ct, b.add(op.result, op.result)),)
+
+
+def _tanh_vjp(b, op, cotangents):
+    # d tanh(x) = 1 - y^2.
+    (ct,) = cotangents
+    y = op.result
+    return (b.mul(ct, b.sub(b.fill(1.0, y.type), b.mul(y, y))),)
+
+
 _BINARY_PARAMS = (Param("lhs", "tensor_or_literal"), Param("rhs", "tensor_or_literal"))
 
 add = register(OpDef(
     "add", "elementwise", _BINARY_PARAMS, _binary_rule("add", False), _binary_reference(np.add),
     "lhs + rhs elementwise",
+    vjp=_add_vjp,
     lower=_binary_lower("add")))
 sub = register(OpDef(
     "sub", "elementwise", _BINARY_PARAMS, _binary_rule("sub", False),
     _binary_reference(np.subtract), "lhs - rhs elementwise",
+    vjp=_sub_vjp,
     lower=_binary_lower("sub")))
 mul = register(OpDef(
     "mul", "elementwise", _BINARY_PARAMS, _binary_rule("mul", False),
     _binary_reference(np.multiply), "lhs * rhs elementwise",
+    vjp=_mul_vjp,
     lower=_binary_lower("mul")))
 div = register(OpDef(
     "div", "elementwise", _BINARY_PARAMS, _binary_rule("div", True),
     _binary_reference(np.divide), "lhs / rhs elementwise (floating point only)",
+    vjp=_div_vjp,
     lower=_binary_lower("div")))
 
 neg = register(OpDef(
     "neg", "elementwise", (Param("x", "tensor"),), _unary_rule("neg", False),
     _unary_reference(np.negative), "-x elementwise",
+    vjp=_neg_vjp,
     lower=_unary_lower("neg")))
 exp = register(OpDef(
     "exp", "elementwise", (Param("x", "tensor"),), _unary_rule("exp", True),
     _unary_reference(np.exp), "e^x elementwise",
+    vjp=_exp_vjp,
     lower=_unary_lower("exp")))
 log = register(OpDef(
     "log", "elementwise", (Param("x", "tensor"),), _unary_rule("log", True),
     _unary_reference(np.log), "natural logarithm elementwise (-inf at 0, nan below)",
+    vjp=_log_vjp,
     lower=_unary_lower("log")))
 sqrt = register(OpDef(
     "sqrt", "elementwise", (Param("x", "tensor"),), _unary_rule("sqrt", True),
     _unary_reference(np.sqrt), "square root elementwise (nan below 0)",
+    vjp=_sqrt_vjp,
     lower=_unary_lower("sqrt")))
 tanh = register(OpDef(
     "tanh", "elementwise", (Param("x", "tensor"),), _unary_rule("tanh", True),
     _unary_reference(np.tanh), "hyperbolic tangent elementwise",
+    vjp=_tanh_vjp,
     lower=_unary_lower("tanh")))
 
 
@@ -143,6 +206,42 @@ fill = register(OpDef(
     "a tensor of the given shape holding one number (what a number literal operand becomes)",
     internal=True, differentiable=False,
     lower=_fill_lower))
+
+
+def _cast_rule(ctx, operands, attrs):
+    (x,) = operands
+    target = DType(attrs["dtype"])
+    if not target.is_float:
+        ctx.fail("type", f"'cast' converts to a floating-point type, not {target.kina_name}",
+                 at="dtype", notes=("argmax is the way from floats to integer ids",))
+    return (x.with_dtype(target),)
+
+
+def _cast_reference(args, attrs):
+    (x,) = args
+    return (x.astype(DType(attrs["dtype"]).numpy),)
+
+
+def _cast_lower(ctx, op, operands):
+    (x,) = operands
+    target = op.attr("dtype")
+    return ctx.view(op.result.type, lambda index: L.Cast(x.at(index), target))
+
+
+def _cast_vjp(b, op, cotangents):
+    # Float to float: the cotangent converts back. An integer source has no gradient.
+    (ct,) = cotangents
+    (x,) = op.operands
+    return (b.cast(ct, x.type.dtype) if x.type.dtype.is_float else None,)
+
+
+cast = register(OpDef(
+    "cast", "elementwise", (Param("x", "tensor"), Param("dtype", "dim")),
+    _cast_rule, _cast_reference,
+    "x converted elementwise to the floating-point type dtype (f32 or f64; from f32, f64 or "
+    "i64), rounding to nearest",
+    internal=True, vjp=_cast_vjp,
+    lower=_cast_lower))
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh")

@@ -6,7 +6,7 @@ import numpy as np
 
 from tilegen import loopir as L
 
-from ..types import DType, TensorType
+from ..types import DType, TensorType, format_dim
 from .registry import OpDef, Param, register
 
 
@@ -42,6 +42,13 @@ def _gather_reference(args, attrs):
     return (table[ids],)
 
 
+def _gather_vjp(b, op, cotangents):
+    # The adjoint of reading rows is adding into them: repeated ids accumulate.
+    (ct,) = cotangents
+    table, ids = op.operands
+    return (b.emit("scatter_add", ct, ids, rows=table.type.shape[0]), None)
+
+
 def _gather_lower(ctx, op, operands):
     table, ids = operands
     rows, width = table.type.concrete_shape
@@ -56,7 +63,72 @@ gather = register(OpDef(
     "gather", "indexing", (Param("table", "tensor"), Param("ids", "tensor")),
     _gather_rule, _gather_reference,
     "rows of table[V, D] picked by ids[...] -> [..., D]; ids must lie in [0, V)",
+    vjp=_gather_vjp,
     lower=_gather_lower))
+
+
+def _scatter_add_rule(ctx, operands, attrs):
+    updates, ids = operands
+    if ids.dtype != DType.I64:
+        ctx.fail("type", f"'scatter_add' ids must be I64, got {ids.dtype.kina_name}", at="ids")
+    if updates.rank != ids.rank + 1:
+        ctx.fail("shape", f"'scatter_add' updates must have the ids' shape plus a trailing "
+                 f"row width: updates {updates}, ids {ids}", at="updates")
+    for axis, (u, i) in enumerate(zip(updates.shape, ids.shape)):
+        ctx.prove_equal(u, i, "equal-shape",
+                        f"scatter_add: updates dim {axis} {format_dim(u)} == ids dim {axis} "
+                        f"{format_dim(i)}",
+                        f"'scatter_add' updates {updates} and ids {ids} differ at dim {axis}",
+                        at="updates")
+    return (TensorType(updates.dtype, (attrs["rows"], updates.shape[-1])),)
+
+
+def _scatter_add_reference(args, attrs):
+    updates, ids = args
+    rows = int(attrs["rows"])
+    check_ids("scatter_add", ids, rows)
+    out = np.zeros((rows, updates.shape[-1]), dtype=updates.dtype)
+    # np.add.at adds position by position in order, so repeated ids accumulate.
+    np.add.at(out, ids.reshape(-1), updates.reshape(-1, updates.shape[-1]))
+    return (out,)
+
+
+def _scatter_add_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    _, ids = op.operands
+    return (b.emit("gather", ct, ids), None)
+
+
+def _scatter_add_lower(ctx, op, operands):
+    # Its own statements: zero the [rows, D] result, then for each position p in order add
+    # updates[p, :] into row ids[p] (checked to lie in [0, rows)). O(rows*D + positions*D),
+    # the inner row loop contiguous (vectorised); no [positions, rows] one-hot matrix.
+    updates, ids = operands
+    rows, width = op.result.type.concrete_shape
+    row_id = ctx.id_checker(ids, rows)
+    dtype = updates.type.dtype.value
+    zero = L.Const(0, dtype)
+
+    def emit(ctx, out):
+        def add_row(index):
+            row = L.Var(ctx.fresh_name("row"), L.I64)
+            j = ctx.var(width, "j")
+            target = (row, j)
+            total = L.binary("add", L.Load(out, target, dtype), updates.at(tuple(index) + (j,)))
+            return [L.Let(row, row_id(index)), L.For(j, width, (L.Store(out, target, total),))]
+        return (ctx.loops((rows, width), lambda index: [L.Store(out, index, zero)], "z") +
+                ctx.loops(ids.type.concrete_shape, add_row, "p"))
+    return L.RowKernel(op.result.type, emit)
+
+
+scatter_add = register(OpDef(
+    "scatter_add", "indexing",
+    (Param("updates", "tensor"), Param("ids", "tensor"), Param("rows", "dim")),
+    _scatter_add_rule, _scatter_add_reference,
+    "[rows, D] zeros plus updates[..., D] added into row ids[...] (the adjoint of gather); "
+    "ids must lie in [0, rows)",
+    vjp=_scatter_add_vjp,
+    lower=_scatter_add_lower))
 
 
 def _one_hot_rule(ctx, operands, attrs):

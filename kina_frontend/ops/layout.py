@@ -48,6 +48,21 @@ def _broadcast_reference(args, attrs):
     return (np.broadcast_to(x, tuple(int(d) for d in attrs["shape"])).copy(),)
 
 
+def _broadcast_vjp(b, op, cotangents):
+    # The adjoint of broadcasting sums over every axis that was broadcast -- the new leading
+    # axes and the size-1 source axes that grew -- then reshapes to the source shape.
+    (ct,) = cotangents
+    (x,) = op.operands
+    source, target = x.type.shape, op.result.type.shape
+    offset = len(target) - len(source)
+    axes = [axis for axis in range(offset) if not _is_one(target[axis])]
+    axes += [offset + axis for axis, dim in enumerate(source)
+             if _is_one(dim) and not _is_one(target[offset + axis])]
+    for axis in sorted(axes, reverse=True):  # highest first, so lower axis numbers hold
+        ct = b.sum(ct, axis)
+    return (b.reshape(ct, source),)
+
+
 def _broadcast_lower(ctx, op, operands):
     (x,) = operands
     source = x.type.concrete_shape
@@ -72,6 +87,7 @@ broadcast = register(OpDef(
     "broadcast", "layout", (Param("x", "tensor"), Param("shape", "dims")),
     _broadcast_rule, _broadcast_reference,
     "expand x to shape by numpy's right-aligned rule (new leading dims, or size-1 dims)",
+    vjp=_broadcast_vjp,
     lower=_broadcast_lower))
 
 
@@ -113,6 +129,11 @@ def _reshape_reference(args, attrs):
     return (x.reshape(tuple(int(d) for d in attrs["shape"])).copy(),)
 
 
+def _reshape_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    return (b.reshape(ct, op.operands[0].type.shape),)
+
+
 def _reshape_lower(ctx, op, operands):
     (x,) = operands
     source = x.type.concrete_shape
@@ -128,6 +149,7 @@ reshape = register(OpDef(
     "reshape", "layout", (Param("x", "tensor"), Param("shape", "dims")),
     _reshape_rule, _reshape_reference,
     "same elements in row-major order, new shape (one dim may be -1)",
+    vjp=_reshape_vjp,
     lower=_reshape_lower))
 
 
@@ -146,6 +168,16 @@ def _transpose_reference(args, attrs):
     return (np.ascontiguousarray(np.transpose(x, attrs["perm"])),)
 
 
+def _transpose_vjp(b, op, cotangents):
+    # Transpose back by the inverse permutation.
+    (ct,) = cotangents
+    perm = op.attr("perm")
+    inverse = [0] * len(perm)
+    for result_axis, source_axis in enumerate(perm):
+        inverse[source_axis] = result_axis
+    return (b.transpose(ct, inverse),)
+
+
 def _transpose_lower(ctx, op, operands):
     (x,) = operands
     perm = op.attr("perm")
@@ -162,4 +194,5 @@ transpose = register(OpDef(
     "transpose", "layout", (Param("x", "tensor"), Param("perm", "ints")),
     _transpose_rule, _transpose_reference,
     "result dim i is x's dim perm[i]",
+    vjp=_transpose_vjp,
     lower=_transpose_lower))

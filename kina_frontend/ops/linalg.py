@@ -44,6 +44,15 @@ def _matmul_reference(args, attrs):
     return (np.matmul(a, b),)
 
 
+def _matmul_vjp(b, op, cotangents):
+    # c = a @ b per batch: da = dc @ b^T, db = a^T @ dc (^T swaps the last two dims).
+    (ct,) = cotangents
+    a, w = op.operands
+    rank = a.type.rank
+    swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+    return (b.matmul(ct, b.transpose(w, swap)), b.matmul(b.transpose(a, swap), ct))
+
+
 def _matmul_lower(ctx, op, operands):
     a, b = operands
     rows, inner = a.type.concrete_shape[-2:]
@@ -64,4 +73,5 @@ matmul = register(OpDef(
     "matmul", "linalg", (Param("a", "tensor"), Param("b", "tensor")),
     _matmul_rule, _matmul_reference,
     "batched matrix product [..., M, K] x [..., K, N] -> [..., M, N]",
+    vjp=_matmul_vjp,
     lower=_matmul_lower))
