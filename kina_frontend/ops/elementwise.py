@@ -81,6 +81,40 @@ def _unary_lower(opname: str):
     return lower
 
 
+# MLIR: one all-parallel linalg.generic whose body is the arith / math op (float, int).
+_BINARY_MLIR = {"add": ("arith.addf", "arith.addi"), "sub": ("arith.subf", "arith.subi"),
+                "mul": ("arith.mulf", "arith.muli"), "div": ("arith.divf", None)}
+_UNARY_MLIR = {"neg": "arith.negf", "exp": "math.exp", "log": "math.log", "sqrt": "math.sqrt",
+               "tanh": "math.tanh"}
+
+
+def _binary_mlir(opname: str):
+    float_op, int_op = _BINARY_MLIR[opname]
+
+    def mlir(ctx, op, operands):
+        lhs, rhs = operands
+        scalar = ctx.element_type(lhs.type.dtype)
+        arith = float_op if lhs.type.dtype.is_float else int_op
+        if arith is None:
+            raise ctx.fail(f"'{opname}' on {lhs.type.dtype.kina_name} operands")
+        return ctx.parallel(op.result.type, (lhs, rhs),
+                            lambda b, x, y: b.let(f"{arith} {x}, {y} : {scalar}"))
+    return mlir
+
+
+def _unary_mlir(opname: str):
+    def mlir(ctx, op, operands):
+        (x,) = operands
+        scalar = ctx.element_type(x.type.dtype)
+        if not x.type.dtype.is_float:  # only neg takes integers: 0 - x
+            zero = ctx.constant(0, x.type.dtype)
+            return ctx.parallel(op.result.type, (x,),
+                                lambda b, v: b.let(f"arith.subi {zero}, {v} : {scalar}"))
+        return ctx.parallel(op.result.type, (x,),
+                            lambda b, v: b.let(f"{_UNARY_MLIR[opname]} {v} : {scalar}"))
+    return mlir
+
+
 # Vector-Jacobian rules: (builder, op, (result cotangent,)) -> one cotangent per operand.
 # `op.result` is the forward value y, reused where the derivative is a function of it.
 
@@ -141,47 +175,56 @@ add = register(OpDef(
     "add", "elementwise", _BINARY_PARAMS, _binary_rule("add", False), _binary_reference(np.add),
     "lhs + rhs elementwise",
     vjp=_add_vjp,
+    mlir=_binary_mlir("add"),
     lower=_binary_lower("add")))
 sub = register(OpDef(
     "sub", "elementwise", _BINARY_PARAMS, _binary_rule("sub", False),
     _binary_reference(np.subtract), "lhs - rhs elementwise",
     vjp=_sub_vjp,
+    mlir=_binary_mlir("sub"),
     lower=_binary_lower("sub")))
 mul = register(OpDef(
     "mul", "elementwise", _BINARY_PARAMS, _binary_rule("mul", False),
     _binary_reference(np.multiply), "lhs * rhs elementwise",
     vjp=_mul_vjp,
+    mlir=_binary_mlir("mul"),
     lower=_binary_lower("mul")))
 div = register(OpDef(
     "div", "elementwise", _BINARY_PARAMS, _binary_rule("div", True),
     _binary_reference(np.divide), "lhs / rhs elementwise (floating point only)",
     vjp=_div_vjp,
+    mlir=_binary_mlir("div"),
     lower=_binary_lower("div")))
 
 neg = register(OpDef(
     "neg", "elementwise", (Param("x", "tensor"),), _unary_rule("neg", False),
     _unary_reference(np.negative), "-x elementwise",
     vjp=_neg_vjp,
+    mlir=_unary_mlir("neg"),
     lower=_unary_lower("neg")))
 exp = register(OpDef(
     "exp", "elementwise", (Param("x", "tensor"),), _unary_rule("exp", True),
     _unary_reference(np.exp), "e^x elementwise",
     vjp=_exp_vjp,
+    mlir=_unary_mlir("exp"),
     lower=_unary_lower("exp")))
 log = register(OpDef(
     "log", "elementwise", (Param("x", "tensor"),), _unary_rule("log", True),
     _unary_reference(np.log), "natural logarithm elementwise (-inf at 0, nan below)",
     vjp=_log_vjp,
+    mlir=_unary_mlir("log"),
     lower=_unary_lower("log")))
 sqrt = register(OpDef(
     "sqrt", "elementwise", (Param("x", "tensor"),), _unary_rule("sqrt", True),
     _unary_reference(np.sqrt), "square root elementwise (nan below 0)",
     vjp=_sqrt_vjp,
+    mlir=_unary_mlir("sqrt"),
     lower=_unary_lower("sqrt")))
 tanh = register(OpDef(
     "tanh", "elementwise", (Param("x", "tensor"),), _unary_rule("tanh", True),
     _unary_reference(np.tanh), "hyperbolic tangent elementwise",
     vjp=_tanh_vjp,
+    mlir=_unary_mlir("tanh"),
     lower=_unary_lower("tanh")))
 
 
@@ -200,11 +243,16 @@ def _fill_lower(ctx, op, operands):
     return ctx.view(op.result.type, lambda index: constant)
 
 
+def _fill_mlir(ctx, op, operands):
+    return ctx.filled(op.result.type, op.attr("value"), ctx.out())
+
+
 fill = register(OpDef(
     "fill", "elementwise", (Param("value", "dim"), Param("shape", "dims"), Param("dtype", "dim")),
     _fill_rule, _fill_reference,
     "a tensor of the given shape holding one number (what a number literal operand becomes)",
     internal=True, differentiable=False,
+    mlir=_fill_mlir,
     lower=_fill_lower))
 
 
@@ -235,12 +283,29 @@ def _cast_vjp(b, op, cotangents):
     return (b.cast(ct, x.type.dtype) if x.type.dtype.is_float else None,)
 
 
+def _cast_mlir(ctx, op, operands):
+    # arith.sitofp from I64, arith.extf / arith.truncf between float widths (to nearest).
+    (x,) = operands
+    source, target = x.type.dtype, op.result.type.dtype
+    if source == target:
+        return x.name
+    widths = {DType.F32: 32, DType.F64: 64}
+    if not source.is_float:
+        convert = "arith.sitofp"
+    else:
+        convert = "arith.extf" if widths[target] > widths[source] else "arith.truncf"
+    into = ctx.element_type(target)
+    return ctx.parallel(op.result.type, (x,), lambda b, v: b.let(
+        f"{convert} {v} : {ctx.element_type(source)} to {into}"))
+
+
 cast = register(OpDef(
     "cast", "elementwise", (Param("x", "tensor"), Param("dtype", "dim")),
     _cast_rule, _cast_reference,
     "x converted elementwise to the floating-point type dtype (f32 or f64; from f32, f64 or "
     "i64), rounding to nearest",
     internal=True, vjp=_cast_vjp,
+    mlir=_cast_mlir,
     lower=_cast_lower))
 
 BINARY_OPS = ("add", "sub", "mul", "div")

@@ -59,11 +59,26 @@ def _gather_lower(ctx, op, operands):
     return ctx.view(op.result.type, at)
 
 
+def _gather_mlir(ctx, op, operands):
+    # A parallel generic over the result reading the id at the leading dims; the body
+    # casts it to an index and extracts table[id, j] (j is the last loop dim).
+    table, ids = operands
+    result = op.result.type
+    last = result.rank - 1
+
+    def body(b, row_id):
+        row = b.let(f"arith.index_cast {row_id} : i64 to index", "row")
+        return b.let(f"tensor.extract {table}[{row}, {b.index(last)}] : "
+                     f"{ctx.tensor_type(table.type)}", "elem")
+    return ctx.parallel(result, [(ids, tuple(range(last)))], body)
+
+
 gather = register(OpDef(
     "gather", "indexing", (Param("table", "tensor"), Param("ids", "tensor")),
     _gather_rule, _gather_reference,
     "rows of table[V, D] picked by ids[...] -> [..., D]; ids must lie in [0, V)",
     vjp=_gather_vjp,
+    mlir=_gather_mlir,
     lower=_gather_lower))
 
 
@@ -121,6 +136,28 @@ def _scatter_add_lower(ctx, op, operands):
     return L.RowKernel(op.result.type, emit)
 
 
+def _scatter_add_mlir(ctx, op, operands):
+    # out[r, j] = sum over positions p, in order, of updates[p, j] where ids[p] == r: one
+    # generic over (r, j, p...) with the positions as reduction dims, into zeros.
+    updates, ids = operands
+    result = op.result.type
+    scalar = ctx.element_type(result.dtype)
+    positions = ids.type.rank
+    loops = 2 + positions
+    position_dims = tuple(range(2, loops))
+    acc = ctx.filled(result, 0, ctx.out() + "_acc")
+
+    def body(b, update, row_id, total):
+        row = b.let(f"arith.index_cast {b.index(0)} : index to i64", "r")
+        hit = b.let(f"arith.cmpi eq, {row_id}, {row} : i64", "hit")
+        added = b.let(f"arith.addf {total}, {update} : {scalar}", "added")
+        return b.let(f"arith.select {hit}, {added}, {total} : {scalar}", "total")
+    (name,) = ctx.generic(ctx.out(), [(updates, position_dims + (1,)), (ids, position_dims)],
+                          [(acc, result, (0, 1))],
+                          ["parallel", "parallel"] + ["reduction"] * positions, body)
+    return name
+
+
 scatter_add = register(OpDef(
     "scatter_add", "indexing",
     (Param("updates", "tensor"), Param("ids", "tensor"), Param("rows", "dim")),
@@ -128,6 +165,7 @@ scatter_add = register(OpDef(
     "[rows, D] zeros plus updates[..., D] added into row ids[...] (the adjoint of gather); "
     "ids must lie in [0, rows)",
     vjp=_scatter_add_vjp,
+    mlir=_scatter_add_mlir,
     lower=_scatter_add_lower))
 
 
@@ -156,8 +194,22 @@ def _one_hot_lower(ctx, op, operands):
     return ctx.view(op.result.type, at)
 
 
+def _one_hot_mlir(ctx, op, operands):
+    # 1.0 where the class index (the last loop dim) equals the id: arith.cmpi + select.
+    (ids,) = operands
+    result = op.result.type
+    last = result.rank - 1
+    one, zero = ctx.constant(1.0, DType.F32), ctx.constant(0.0, DType.F32)
+
+    def body(b, class_id):
+        hit = b.let(f"arith.cmpi eq, {class_id}, {b.index_i64(last)} : i64", "hit")
+        return b.let(f"arith.select {hit}, {one}, {zero} : f32", "elem")
+    return ctx.parallel(result, [(ids, tuple(range(last)))], body)
+
+
 one_hot = register(OpDef(
     "one_hot", "indexing", (Param("ids", "tensor"), Param("n", "dim")),
     _one_hot_rule, _one_hot_reference,
     "F32 [..., n] with 1 at each id's index; ids must lie in [0, n)", differentiable=False,
+    mlir=_one_hot_mlir,
     lower=_one_hot_lower))

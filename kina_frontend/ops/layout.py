@@ -76,6 +76,36 @@ def _broadcast_lower(ctx, op, operands):
     return ctx.view(op.result.type, at)
 
 
+def _broadcast_mlir(ctx, op, operands):
+    # linalg.broadcast adds dims only: first collapse away the size-1 dims that stretch,
+    # then broadcast along the new leading dims and the stretched ones.
+    (x,) = operands
+    source = x.type.concrete_shape
+    target = op.result.type.concrete_shape
+    offset = len(target) - len(source)
+    stretched = [a for a in range(len(source)) if source[a] == 1 and target[offset + a] != 1]
+    added = list(range(offset)) + [offset + a for a in stretched]
+    if not added:
+        return x.name
+    if stretched:
+        kept = [a for a in range(len(source)) if a not in stretched]
+        x = ctx.collapse_shape(x, _unit_groups(kept, len(source)), ctx.out() + "_squeezed")
+    init = ctx.empty(op.result.type, ctx.out() + "_init")
+    return ctx.let(ctx.out(), f"linalg.broadcast ins({x} : {ctx.tensor_type(x.type)}) "
+                              f"outs({init} : {ctx.tensor_type(op.result.type)}) "
+                              f"dimensions = [{', '.join(str(d) for d in added)}]")
+
+
+def _unit_groups(kept: list[int], rank: int) -> list[list[int]]:
+    """collapse_shape groups keeping dims `kept` and folding the (size-1) others into a
+    neighbour: each group runs from one kept dim to the next, the first from dim 0."""
+    if not kept:
+        return []  # every dim folds away: a rank-0 tensor
+    starts = [0] + kept[1:]
+    ends = kept[1:] + [rank]
+    return [list(range(start, end)) for start, end in zip(starts, ends, strict=True)]
+
+
 def _count(shape) -> int:
     total = 1
     for dim in shape:
@@ -88,6 +118,7 @@ broadcast = register(OpDef(
     _broadcast_rule, _broadcast_reference,
     "expand x to shape by numpy's right-aligned rule (new leading dims, or size-1 dims)",
     vjp=_broadcast_vjp,
+    mlir=_broadcast_mlir,
     lower=_broadcast_lower))
 
 
@@ -145,11 +176,53 @@ def _reshape_lower(ctx, op, operands):
     return ctx.view(op.result.type, at)
 
 
+def _reassociation(small, big) -> list[list[int]] | None:
+    """Contiguous groups of `big`'s dims whose products are `small`'s dims (trailing 1s join
+    the last group), or None when there is none. rank(big) >= rank(small)."""
+    if not small:
+        return [] if all(d == 1 for d in big) else None
+    groups, j = [], 0
+    for dim in small:
+        if j >= len(big):
+            return None
+        group, product = [j], big[j]
+        j += 1
+        while product < dim and j < len(big):
+            group.append(j)
+            product *= big[j]
+            j += 1
+        if product != dim:
+            return None
+        groups.append(group)
+    if any(big[k] != 1 for k in range(j, len(big))):
+        return None
+    groups[-1].extend(range(j, len(big)))
+    return groups
+
+
+def _reshape_mlir(ctx, op, operands):
+    # One tensor.expand_shape or tensor.collapse_shape when the dims regroup, otherwise a
+    # collapse to the flat vector and an expand to the target.
+    (x,) = operands
+    result = op.result.type
+    source, target = x.type.concrete_shape, result.concrete_shape
+    if source == target:
+        return x.name
+    if len(target) > len(source) and (groups := _reassociation(source, target)) is not None:
+        return ctx.expand_shape(x, groups, result, ctx.out()).name
+    if len(target) < len(source) and (groups := _reassociation(target, source)) is not None:
+        return ctx.collapse_shape(x, groups, ctx.out()).name
+    if len(source) > 1:
+        x = ctx.collapse_shape(x, [list(range(len(source)))], ctx.out() + "_flat")
+    return ctx.expand_shape(x, [list(range(len(target)))], result, ctx.out()).name
+
+
 reshape = register(OpDef(
     "reshape", "layout", (Param("x", "tensor"), Param("shape", "dims")),
     _reshape_rule, _reshape_reference,
     "same elements in row-major order, new shape (one dim may be -1)",
     vjp=_reshape_vjp,
+    mlir=_reshape_mlir,
     lower=_reshape_lower))
 
 
@@ -190,9 +263,23 @@ def _transpose_lower(ctx, op, operands):
     return ctx.view(op.result.type, at)
 
 
+def _transpose_mlir(ctx, op, operands):
+    # linalg.transpose has Kina's convention: result dim i is input dim permutation[i].
+    (x,) = operands
+    perm = tuple(op.attr("perm"))
+    if perm == tuple(range(len(perm))):
+        return x.name
+    result = op.result.type
+    init = ctx.empty(result, ctx.out() + "_init")
+    return ctx.let(ctx.out(), f"linalg.transpose ins({x} : {ctx.tensor_type(x.type)}) "
+                              f"outs({init} : {ctx.tensor_type(result)}) "
+                              f"permutation = [{', '.join(str(p) for p in perm)}]")
+
+
 transpose = register(OpDef(
     "transpose", "layout", (Param("x", "tensor"), Param("perm", "ints")),
     _transpose_rule, _transpose_reference,
     "result dim i is x's dim perm[i]",
     vjp=_transpose_vjp,
+    mlir=_transpose_mlir,
     lower=_transpose_lower))

@@ -69,9 +69,36 @@ def _matmul_lower(ctx, op, operands):
     return ctx.view(op.result.type, at)
 
 
+def _matmul_mlir(ctx, op, operands):
+    # linalg.matmul (rank 2) or linalg.batch_matmul (rank 3) accumulating into a zero-filled
+    # destination; rank 4 collapses its two batch dims into one around a batch_matmul.
+    a, b = operands
+    result = op.result.type
+    hint = ctx.out()
+    if result.rank == 2:
+        return _matmul_into(ctx, "linalg.matmul", a, b, result, hint)
+    if result.rank == 3:
+        return _matmul_into(ctx, "linalg.batch_matmul", a, b, result, hint)
+    groups = [[0, 1], [2], [3]]
+    a = ctx.collapse_shape(a, groups, hint + "_lhs")
+    b = ctx.collapse_shape(b, groups, hint + "_rhs")
+    batch, rows, cols = result.concrete_shape[0] * result.concrete_shape[1], *result.shape[2:]
+    flat = result.with_shape((batch, rows, cols))
+    product = _matmul_into(ctx, "linalg.batch_matmul", a, b, flat, hint + "_batched")
+    return ctx.expand_shape(ctx.value(product, flat), groups, result, hint).name
+
+
+def _matmul_into(ctx, opname: str, a, b, result, hint: str) -> str:
+    acc = ctx.filled(result, 0.0, hint + "_acc")
+    ty = ctx.tensor_type(result)
+    return ctx.let(hint, f"{opname} ins({a}, {b} : {ctx.tensor_type(a.type)}, "
+                         f"{ctx.tensor_type(b.type)}) outs({acc} : {ty}) -> {ty}")
+
+
 matmul = register(OpDef(
     "matmul", "linalg", (Param("a", "tensor"), Param("b", "tensor")),
     _matmul_rule, _matmul_reference,
     "batched matrix product [..., M, K] x [..., K, N] -> [..., M, N]",
     vjp=_matmul_vjp,
+    mlir=_matmul_mlir,
     lower=_matmul_lower))
