@@ -6,6 +6,7 @@ import os
 
 from kina_frontend import Program, Source, check_source, load_source, specialize
 
+from . import config
 from .pipeline import codegen, plan_program, to_llvm
 from .runtime import CompiledModule, aot_module, jit_module
 
@@ -14,8 +15,9 @@ def compile_program(program: Program, jit: bool = True, output: str | None = Non
                     names: tuple[str, ...] | None = None) -> CompiledModule:
     """Compile concrete tensor IR. `jit=True` stays in memory; `jit=False` builds a shared
     library (kept at `output` if given, otherwise in a temporary folder that is removed)."""
+    settings = config.load()
     plans = plan_program(program, names)
-    parsed = to_llvm(codegen(plans), pic=not jit)
+    parsed = to_llvm(codegen(plans, profile=settings.profile), pic=not jit)
     if jit and output is None:
         return jit_module(plans, parsed)
     return aot_module(plans, parsed, keep_path=output)

@@ -55,8 +55,10 @@ def _const(dtype: str, value) -> ir.Constant:
 
 
 class KernelCodegen:
-    def __init__(self, module: ir.Module, kernel: L.Kernel, symbol: str, math: MathLibrary):
+    def __init__(self, module: ir.Module, kernel: L.Kernel, symbol: str, math: MathLibrary,
+                 profile: bool = False):
         self.module = module
+        self.profile = profile
         self.kernel = kernel
         self.math = math
         io = list(kernel.inputs) + list(kernel.outputs)
@@ -86,8 +88,16 @@ class KernelCodegen:
         for buffer in self.kernel.buffers:
             if buffer.role == "temp":
                 self.pointers[buffer.name] = self._allocate(buffer)
-        for stmt in self.kernel.body:
+        counters = self._profile_counters() if self.profile else None
+        for position, stmt in enumerate(self.kernel.body):
+            started = self._cycles() if counters is not None else None
             self.stmt(stmt)
+            if counters is not None:
+                slot = self.b.gep(counters, [ir.Constant(I64, 0), ir.Constant(I64, position)],
+                                  source_etype=counters.value_type)
+                slot.type = PTR  # opaque, as LLVM 22 has it
+                spent = self.b.sub(self._cycles(), started)
+                self.b.store(self.b.add(self.b.load(slot, typ=I64), spent), slot)
         self._finish(ir.Constant(I64, 0))
         self.b.position_at_end(self.exit_block)
         status = self.b.phi(I64, name="status")
@@ -114,6 +124,16 @@ class KernelCodegen:
         with self.b.if_then(failed, likely=False):
             self._finish(ir.Constant(I64, -1))
         return pointer
+
+    def _profile_counters(self) -> ir.GlobalVariable:
+        """Per top-level loop nest cycle counters (TILEGEN_PROFILE): `<symbol>.cycles`."""
+        array = ir.ArrayType(I64, max(1, len(self.kernel.body)))
+        counters = ir.GlobalVariable(self.module, array, self.function.name + ".cycles")
+        counters.initializer = ir.Constant(array, None)
+        return counters
+
+    def _cycles(self) -> ir.Value:
+        return self.b.call(self._declare("llvm.readcyclecounter", ir.FunctionType(I64, [])), [])
 
     def _finish(self, status: ir.Value) -> None:
         self.status_incoming.append((status, self.b.block))

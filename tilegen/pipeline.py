@@ -70,12 +70,13 @@ def plan_program(program: Program, names: tuple[str, ...] | None = None) -> list
     return plans
 
 
-def codegen(plans: list[KernelPlan], module_name: str = "kina") -> ir.Module:
+def codegen(plans: list[KernelPlan], module_name: str = "kina",
+            profile: bool = False) -> ir.Module:
     module = ir.Module(name=module_name)
     module.triple = triple()
     math = MathLibrary(module)
     for plan in plans:
-        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math).build()
+        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile).build()
         build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
     return module
 

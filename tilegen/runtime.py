@@ -184,6 +184,16 @@ class CompiledModule:
             else:
                 self.functions[plan.function.name] = slow
 
+    def profile_address(self, plan: KernelPlan) -> int | None:
+        """Address of the kernel's cycle counters (compiled with TILEGEN_PROFILE=1)."""
+        symbol = plan.symbol + ".cycles"
+        try:
+            if self.kind == "jit":
+                return self._owner.get_global_value_address(symbol) or None
+            return ctypes.addressof(ctypes.c_int64.in_dll(self._owner, symbol))
+        except (ValueError, RuntimeError):
+            return None
+
     def __getattr__(self, name: str) -> CompiledFunction:
         functions = self.__dict__.get("functions", {})
         if name in functions:

@@ -133,8 +133,13 @@ class _Emitter:
         n_int = b.fptosi(n, self.int_ty)
         half = b.ashr(n_int, self.i(1))
         rest = b.sub(n_int, half)
-        result = b.fmul(b.fmul(poly, self.pow2(half)), self.pow2(rest))
-        # Past the clamp bounds the product itself rounds to inf or 0; NaN stays NaN.
+        # Below the underflow bound the second factor is 0 outright: the product of the
+        # clamped value would round to 0 anyway, but through a subnormal intermediate that
+        # costs x86 a microcode assist (softmax rows full of -1e9 mask entries hit this).
+        underflowed = b.fcmp_ordered("<", x, self.f(fmt.underflow))
+        second = b.select(underflowed, self.f(0.0), self.pow2(rest))
+        result = b.fmul(b.fmul(poly, self.pow2(half)), second)
+        # Above the overflow bound the product itself rounds to inf; NaN stays NaN.
         return b.select(b.fcmp_unordered("uno", x, x), x, result)
 
     # ---- log ----------------------------------------------------------------------------------

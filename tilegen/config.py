@@ -1,0 +1,51 @@
+"""Every tilegen knob, read from the environment in one place.
+
+TILEGEN_NUM_THREADS  threads for parallel loops (default: all cores; 1 disables)
+TILEGEN_CACHE_DIR    opt-in on-disk cache of compiled object code (unset: memory only)
+TILEGEN_PROFILE      1: count cycles per top-level loop nest (see tilegen.profile)
+TILEGEN_AUTOTUNE     0: skip measuring tile candidates, use the deterministic default
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Config:
+    num_threads: int
+    cache_dir: str | None
+    profile: bool
+    autotune: bool
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} must be at least 1")
+    return value
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    return raw not in ("0", "false", "no", "off")
+
+
+def load() -> Config:
+    """The configuration from the current environment (read at each compile, so tests and
+    users can change it between compiles)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    return Config(num_threads=_int("TILEGEN_NUM_THREADS", cores),
+                  cache_dir=os.environ.get("TILEGEN_CACHE_DIR") or None,
+                  profile=_flag("TILEGEN_PROFILE", False),
+                  autotune=_flag("TILEGEN_AUTOTUNE", True))

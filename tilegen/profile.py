@@ -1,0 +1,62 @@
+"""Where a compiled function spends its time, per top-level loop nest.
+
+    TILEGEN_PROFILE=1 python -c "...; print(tilegen.profile.report(module.f))"
+
+With TILEGEN_PROFILE=1 each kernel counts CPU cycles (rdtsc) per top-level loop nest
+in a global array; `report` prints each nest (its loops and the buffer it writes) with
+its share.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from .loopir import For, Let, Store
+
+
+def _compiled(function):
+    return getattr(function, "slow_path", function)
+
+
+def counters(function) -> list[int]:
+    compiled = _compiled(function)
+    address = compiled._module.profile_address(compiled.plan)
+    if address is None:
+        raise RuntimeError("compile with TILEGEN_PROFILE=1 to count cycles")
+    array = (ctypes.c_int64 * len(compiled.plan.kernel.body)).from_address(address)
+    return list(array)
+
+
+def reset(function) -> None:
+    compiled = _compiled(function)
+    address = compiled._module.profile_address(compiled.plan)
+    if address is not None:
+        ctypes.memset(address, 0, 8 * len(compiled.plan.kernel.body))
+
+
+def report(function) -> str:
+    compiled = _compiled(function)
+    counts = counters(function)
+    total = sum(counts) or 1
+    lines = [f"{compiled.plan.kernel.name}: {total} cycles over all calls"]
+    for stmt, count in zip(compiled.plan.kernel.body, counts, strict=True):
+        lines.append(f"  {100 * count / total:5.1f}%  {count:>12}  {_headline(stmt)}")
+    return "\n".join(lines)
+
+
+def _headline(stmt) -> str:
+    loops, targets = [], []
+
+    def walk(node):
+        if isinstance(node, For):
+            tag = f"v{node.width}" if node.kind == "vector" else ""
+            loops.append(f"{node.var}<{node.extent}{tag}>")
+            for inner in node.body:
+                walk(inner)
+        elif isinstance(node, Store) and node.buffer not in targets:
+            targets.append(node.buffer)
+        elif isinstance(node, Let):
+            pass
+
+    walk(stmt)
+    return f"{' '.join(loops)} -> {', '.join(targets)}"
