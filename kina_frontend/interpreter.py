@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .ops import REGISTRY
+from .ops.indexing import IdOutOfRange
 from .tensor_ir import Function, Operation, Program, Value
 
 
@@ -60,7 +61,15 @@ def _bind_params(function: Function, args: Sequence[np.ndarray]) -> dict[str, np
 def _run_body(program: Program, function: Function, env: dict[str, np.ndarray],
               placeholders: list[np.ndarray]) -> None:
     for op in function.body:
-        outputs = _run_operation(program, op, [env[v.name] for v in op.operands], placeholders)
+        try:
+            outputs = _run_operation(program, op, [env[v.name] for v in op.operands],
+                                     placeholders)
+        except IdOutOfRange as error:
+            # Say where in the Kina source the bad id met the op (innermost call site only).
+            if op.span is not None and not getattr(error, "located", False):
+                error.args = (f"{op.span}: {error.args[0]}",)
+                error.located = True
+            raise
         for value, array in zip(op.results, outputs, strict=True):
             expected = value.type
             if array.shape != expected.concrete_shape or array.dtype != expected.dtype.numpy:

@@ -484,12 +484,14 @@ def test_out_of_range_ids(bad: int) -> None:
     gather_text = (f"fn f(t: {ktype('F32', (8, 4))}, ids: {ktype('I64', (1, 3))})\n"
                    f"    -> {ktype('F32', (1, 3, 4))} {{\n  return gather(t, ids);\n}}\n")
     ids = np.array([[1, bad, 2]], np.int64)
-    with pytest.raises(IdOutOfRange, match=rf"gather: id {bad} at position \[0, 1\] is out "
-                                           r"of range \[0, 8\)"):
+    # The message leads with the Kina source location of the op that met the id.
+    with pytest.raises(IdOutOfRange, match=rf"^op_test.kina:3:10: gather: id {bad} at position "
+                                           r"\[0, 1\] is out of range \[0, 8\)"):
         run(gather_text, np.zeros((8, 4), np.float32), ids)
     one_hot_text = (f"fn f(ids: {ktype('I64', (1, 3))}) -> {ktype('F32', (1, 3, 8))} {{\n"
                     f"  return one_hot(ids, 8);\n}}\n")
-    with pytest.raises(IdOutOfRange, match=rf"one_hot: id {bad} at position \[0, 1\]"):
+    with pytest.raises(IdOutOfRange, match=rf"^op_test.kina:2:10: one_hot: id {bad} at "
+                                           r"position \[0, 1\]"):
         run(one_hot_text, ids)
 
 
