@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kina_frontend import interpret, load_program, program_from_text, specialize
+from kina_frontend import interpret, load_program, parse_ir, program_from_text, specialize
 from kina_frontend.interpreter import InterpreterError, main_outputs
 from kina_frontend.ops import REGISTRY
 from kina_frontend.ops.indexing import IdOutOfRange
@@ -81,7 +82,9 @@ ORACLE_TESTS = {
     "sqrt": ["test_unary_f32", "test_log_sqrt_edges"],
     "tanh": ["test_unary_f32"],
     "fill": ["test_number_literal_operands"],
+    "cast": ["test_cast"],
     "gather": ["test_gather", "test_out_of_range_ids"],
+    "scatter_add": ["test_scatter_add", "test_out_of_range_ids"],
     "one_hot": ["test_one_hot", "test_out_of_range_ids"],
     "broadcast": ["test_broadcast"],
     "reshape": ["test_reshape"],
@@ -479,6 +482,57 @@ def test_one_hot(ids_shape, n, seed) -> None:
     np.testing.assert_array_equal(out, expected)
 
 
+@st.composite
+def scatter_case(draw):
+    rows_, width = draw(DIMS), draw(DIMS)
+    ids_shape = tuple(draw(st.lists(DIMS, min_size=1, max_size=2)))
+    return rows_, width, ids_shape
+
+
+@SETTINGS
+@given(scatter_case(), seeds)
+def test_scatter_add(case, seed) -> None:
+    rows_, width, ids_shape = case
+    updates = floats(seed, ids_shape + (width,))
+    # Few distinct rows, so repeated ids (which must accumulate) are the common case.
+    ids = np.random.default_rng(seed).integers(0, min(rows_, 3), size=ids_shape, dtype=np.int64)
+    text = (f"fn f(u: {ktype('F32', ids_shape + (width,))}, ids: {ktype('I64', ids_shape)})\n"
+            f"    -> {ktype('F32', (rows_, width))} {{\n"
+            f"  return scatter_add(u, ids, {rows_});\n}}\n")
+    (out,) = run(text, updates, ids)
+    expected = np.zeros((rows_, width), np.float64)
+    for index in np.ndindex(*ids_shape):
+        for j in range(width):
+            expected[int(ids[index]), j] += updates[index + (j,)]
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
+CAST_IR = """func @f(%x: {src}[4]) -> ({dst}[4]) {{
+  %y = cast(%x) {{dtype = "{dst}"}} : {dst}[4]
+  return %y
+}}
+"""
+
+
+@pytest.mark.parametrize("src, dst, values", [
+    ("i64", "f32", [0, -7, 2**24 + 1, 2**40 + 3]),   # large ints round to nearest
+    ("f32", "f64", [0.1, -2.5, 3e38, 1e-40]),
+    ("f64", "f32", [0.1, 1 + 2**-30, -1e30, 1e-50]),
+])
+def test_cast(src: str, dst: str, values) -> None:
+    # cast is internal (the compiler emits it), so the program is written as tensor IR.
+    program = parse_ir(CAST_IR.format(src=src, dst=dst))
+    x = np.array(values, {"i64": np.int64, "f32": np.float32, "f64": np.float64}[src])
+    (out,) = interpret(program, "f", x)
+    if dst == "f32":  # struct's 'f' packs a Python float to the nearest float32
+        expected = [struct.unpack("f", struct.pack("f", float(v)))[0] for v in x.tolist()]
+        assert out.dtype == np.float32
+    else:
+        expected = [float(v) for v in x.tolist()]
+        assert out.dtype == np.float64
+    assert out.tolist() == expected
+
+
 @pytest.mark.parametrize("bad", [8, -1, 1000])
 def test_out_of_range_ids(bad: int) -> None:
     gather_text = (f"fn f(t: {ktype('F32', (8, 4))}, ids: {ktype('I64', (1, 3))})\n"
@@ -493,6 +547,10 @@ def test_out_of_range_ids(bad: int) -> None:
     with pytest.raises(IdOutOfRange, match=rf"^op_test.kina:2:10: one_hot: id {bad} at "
                                            r"position \[0, 1\]"):
         run(one_hot_text, ids)
+    scatter_text = (f"fn f(u: {ktype('F32', (1, 3, 4))}, ids: {ktype('I64', (1, 3))})\n"
+                    f"    -> {ktype('F32', (8, 4))} {{\n  return scatter_add(u, ids, 8);\n}}\n")
+    with pytest.raises(IdOutOfRange, match=rf"scatter_add: id {bad} at position \[0, 1\]"):
+        run(scatter_text, np.zeros((1, 3, 4), np.float32), ids)
 
 
 def test_wrong_argument_dtype_or_shape_is_a_clear_error() -> None:
