@@ -344,3 +344,12 @@ def test_reference_python_and_ir_examples_run(capsys) -> None:
     (ir,) = [b for b in _blocks("") if b.startswith("const T = 4\nfunc @f")]
     program = parse_ir(ir)
     assert format_program(program) == ir.replace("  // f.kina:3:10", "")
+
+
+def test_reference_documents_every_registry_op() -> None:
+    from kina_frontend.ops import REGISTRY
+
+    rows = [line for line in KINA_MD.read_text().split("\n") if line.startswith("| `")]
+    documented = {line.split("`")[1] for line in rows}
+    missing = sorted(set(REGISTRY) - documented)
+    assert not missing, f"ops missing from docs/kina.md: {missing}"
