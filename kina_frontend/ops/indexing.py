@@ -89,7 +89,7 @@ def _scatter_add_rule(ctx, operands, attrs):
     if updates.rank != ids.rank + 1:
         ctx.fail("shape", f"'scatter_add' updates must have the ids' shape plus a trailing "
                  f"row width: updates {updates}, ids {ids}", at="updates")
-    for axis, (u, i) in enumerate(zip(updates.shape, ids.shape)):
+    for axis, (u, i) in enumerate(zip(updates.shape, ids.shape, strict=False)):
         ctx.prove_equal(u, i, "equal-shape",
                         f"scatter_add: updates dim {axis} {format_dim(u)} == ids dim {axis} "
                         f"{format_dim(i)}",
