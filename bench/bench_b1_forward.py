@@ -1,0 +1,115 @@
+"""B1: one StoryLM-0 forward at T = 36 (Section 23's padded prompt [1, 4, 2, 6]).
+
+tilegen runs `storylm0_rollout` from examples/storylm0_rollout.kina; every provider writes or
+returns the [1, 36, 8] logits, checked against storylm.reference in float64 before timing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import storylm_data
+from bench.common import (
+    EXAMPLES,
+    JAX,
+    NUMBA,
+    NUMPY,
+    TILEGEN,
+    TINY_TORCH_THREADS,
+    TORCH,
+    TORCH_COMPILE,
+    Case,
+    check_close,
+    measure,
+    need,
+    numpy_threads,
+    tilegen_threads,
+    timed_first_call,
+    tiny_torch_threads,
+    xla_threads,
+)
+from storylm import reference
+
+GROUP = "B1 StoryLM-0 forward T=36"
+PROGRAM = EXAMPLES / "storylm0_rollout.kina"
+
+
+def _guard(model: storylm_data.Model, ids: np.ndarray):
+    expected = reference.forward(*model.as_float64().forward_args(ids))
+    return lambda logits: check_close(f"{GROUP} logits", logits, expected, rtol=1e-5)
+
+
+def _tilegen(model, ids, kina_modules) -> Case:
+    function = kina_modules(PROGRAM).storylm0_rollout
+    args = model.forward_args(ids)
+    out = np.empty((1, model.length, model.vocab), np.float32)
+    return Case(lambda: function(*args, out=out), _guard(model, ids), tilegen_threads())
+
+
+def _numpy(model, ids, kina_modules) -> Case:
+    from bench.peers import numpy_storylm
+    args = model.forward_args(ids)
+    return Case(lambda: numpy_storylm.forward(*args, heads=model.heads), _guard(model, ids),
+                numpy_threads())
+
+
+def _torch(model, ids, kina_modules, compiled: bool = False) -> Case:
+    need("torch")
+    from bench.peers import torch_storylm
+    args = torch_storylm.tensors(*model.forward_args(ids))
+    heads = model.heads
+
+    def forward(*tensors):
+        return torch_storylm.forward(*tensors, heads)
+
+    extra = {}
+    if compiled:
+        forward = torch_storylm.compiled(forward)
+        _, extra["compile_s"] = timed_first_call(lambda: forward(*args))
+    guard = _guard(model, ids)
+    return Case(lambda: forward(*args), lambda logits: guard(logits.numpy()),
+                TINY_TORCH_THREADS, context=tiny_torch_threads, extra=extra)
+
+
+def _jax(model, ids, kina_modules) -> Case:
+    need("jax")
+    from bench.peers import jax_storylm
+    forward = jax_storylm.jit_forward(model.heads)
+    args = jax_storylm.device(*model.forward_args(ids))
+    _, compile_s = timed_first_call(lambda: forward(*args).block_until_ready())
+    guard = _guard(model, ids)
+    return Case(lambda: forward(*args).block_until_ready(), lambda y: guard(np.asarray(y)),
+                xla_threads(), extra={"compile_s": compile_s})
+
+
+def _numba(model, ids, kina_modules) -> Case:
+    need("numba")
+    from bench.peers import numba_storylm
+    args = model.forward_args(ids)
+    out = np.empty((1, model.length, model.vocab), np.float32)
+
+    def call():
+        numba_storylm.forward_into(*args, model.heads, out)
+        return out
+
+    _, compile_s = timed_first_call(call)
+    return Case(call, _guard(model, ids), 1, extra={"compile_s": compile_s})
+
+
+BUILDERS = {
+    TILEGEN: _tilegen,
+    NUMPY: _numpy,
+    TORCH: _torch,
+    TORCH_COMPILE: lambda *a: _torch(*a, compiled=True),
+    JAX: _jax,
+    NUMBA: _numba,
+}
+
+
+@pytest.mark.parametrize("provider", list(BUILDERS))
+def test_b1_forward(benchmark, provider, storylm0_t36, kina_modules, full_run_only):
+    if provider == TORCH_COMPILE:
+        full_run_only("torch.compile's first compile costs 10-30 s")
+    case = BUILDERS[provider](storylm0_t36, storylm_data.rollout_ids(), kina_modules)
+    measure(benchmark, GROUP, provider, case, units=1, unit="call")

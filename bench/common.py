@@ -1,0 +1,188 @@
+"""Shared helpers of the benchmark groups: paths, provider names, metadata, guards, skips.
+
+Every benchmark records what report.py needs in `benchmark.extra_info`:
+`provider` (one of PROVIDERS), `threads` (what the provider ran with), and where they apply
+`units`/`unit` (work items per timed call, for per-step and per-token figures), `flops` (for
+GF/s) and `compile_s` (a provider's one-off compile time, shown as its own row).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+BENCH_EXAMPLES = EXAMPLES / "bench"
+
+# Provider names, in the order the report lists them.
+TILEGEN = "tilegen"
+NUMPY = "numpy"
+NUMPY_1T = "numpy-1t"
+TORCH = "torch"
+TORCH_1T = "torch-1t"
+TORCH_SDPA = "torch-sdpa"
+TORCH_COMPILE = "torch.compile"
+JAX = "jax"
+JAX_FORI = "jax-fori"
+NUMBA = "numba"
+PROVIDERS = (TILEGEN, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA, TORCH_COMPILE, JAX,
+             JAX_FORI, NUMBA)
+
+SHORT_MODE_NOTE = "short mode (--benchmark-disable)"
+
+
+def describe(benchmark, group: str, provider: str, *, threads: int | str,
+             units: int | None = None, unit: str | None = None, flops: float | None = None,
+             **extra: Any) -> None:
+    """Put a benchmark in its group and record the provider's metadata for report.py."""
+    if provider not in PROVIDERS:
+        raise ValueError(f"unknown provider {provider!r}")
+    benchmark.group = group
+    info: dict[str, Any] = {"provider": provider, "threads": threads}
+    if units is not None:
+        info["units"] = units
+        info["unit"] = unit
+    if flops is not None:
+        info["flops"] = float(flops)
+    info.update(extra)
+    benchmark.extra_info.update(info)
+
+
+# --------------------------------------------------------------------------- providers
+
+
+def need(module: str):
+    """Import a peer, or skip the benchmark with the reason (a missing peer is never faked)."""
+    return pytest.importorskip(module, reason=f"{module} is not installed (pip install -e "
+                               f"'.[bench]' installs the peers that install cleanly)")
+
+
+def numpy_threads() -> int:
+    """OpenBLAS's current thread count, as threadpoolctl reports it."""
+    from threadpoolctl import threadpool_info
+    counts = [info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"]
+    return counts[0] if counts else 1
+
+
+def tilegen_threads() -> str:
+    """tilegen's thread setting: TILEGEN_NUM_THREADS when set, else the compiler's default."""
+    return os.environ.get("TILEGEN_NUM_THREADS", "default")
+
+
+def xla_threads() -> int:
+    """XLA:CPU runs its thread pool on every core unless told otherwise."""
+    return os.cpu_count() or 1
+
+
+@contextmanager
+def numpy_single_thread() -> Iterator[None]:
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[int]:
+    """Run with `count` intra-op threads (None: the default), restoring the setting after."""
+    import torch
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+# PyTorch on StoryLM-0 (B1-B3) runs with one intra-op thread, as the issue's peer figures
+# were taken: at these sizes its OpenMP team only adds barrier cost (and, on a loaded machine,
+# spin-wait stalls of milliseconds). Larger work runs with torch's default thread count.
+TINY_TORCH_THREADS = 1
+
+
+def tiny_torch_threads() -> AbstractContextManager:
+    return torch_threads(TINY_TORCH_THREADS)
+
+
+def timed_first_call(function: Callable[[], Any]) -> tuple[Any, float]:
+    """Run `function` once and return its result and wall time (a JIT's compile + first run)."""
+    start = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- guards
+
+
+def check_close(what: str, actual, expected, *, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """The correctness guard: a provider's result against the float64 reference.
+
+    Tolerances are relative to the reference's largest magnitude, so one check fits logits of
+    any scale; the failure message names the work and the worst element."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{what}: shape {actual.shape}, reference {expected.shape}")
+    if not np.isfinite(actual).all():
+        raise AssertionError(f"{what}: result has non-finite values")
+    error = np.abs(actual - expected)
+    bound = atol + rtol * float(np.abs(expected).max(initial=0.0))
+    worst = float(error.max(initial=0.0))
+    if worst > bound:
+        index = np.unravel_index(int(error.argmax()), error.shape)
+        raise AssertionError(f"{what}: max |error| {worst:.3g} > {bound:.3g} at {index} "
+                             f"(got {actual[index]!r}, reference {expected[index]!r})")
+
+
+def check_equal(what: str, actual, expected) -> None:
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    if actual.shape != expected.shape or not np.array_equal(actual, expected):
+        raise AssertionError(f"{what}: got {actual.tolist()}, reference {expected.tolist()}")
+
+
+# --------------------------------------------------------------------------- tilegen
+
+
+def compile_kina(path: Path):
+    """Compile a Kina program with tilegen's in-process JIT."""
+    import tilegen
+    return tilegen.compile_file(path, jit=True)
+
+
+# --------------------------------------------------------------------------- the harness
+
+
+@dataclass
+class Case:
+    """One provider's way of doing a group's work.
+
+    `call` does the work once and returns its result; `check` is the correctness guard on that
+    result (it raises on a mismatch); `context` is entered around the guard and the timing
+    (e.g. a thread limit); `extra` goes into extra_info (e.g. compile_s)."""
+
+    call: Callable[[], Any]
+    check: Callable[[Any], None]
+    threads: int | str
+    context: Callable[[], AbstractContextManager] = nullcontext
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def measure(benchmark, group: str, provider: str, case: Case, *, units: int | None = None,
+            unit: str | None = None, flops: float | None = None) -> None:
+    """Guard once, then time: the provider's result is compared with the reference before any
+    timed round (pytest-benchmark then calibrates, warms up if asked, and takes the rounds)."""
+    with case.context():
+        case.check(case.call())
+        describe(benchmark, group, provider, threads=case.threads, units=units, unit=unit,
+                 flops=flops, **case.extra)
+        benchmark(case.call)

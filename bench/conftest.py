@@ -1,0 +1,113 @@
+"""Fixtures shared by the benchmark groups, and the machine facts saved with every run."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+
+import pytest
+
+from bench import storylm_data
+from bench.common import SHORT_MODE_NOTE, compile_kina
+from kina_frontend import KinaError
+
+# Versions recorded with each run (distribution names; absent ones are recorded as absent).
+LIBRARIES = ("tilegen", "llvmlite", "numpy", "torch", "jax", "jaxlib", "numba",
+             "pytest-benchmark", "threadpoolctl")
+# Environment knobs that change what the peers or tilegen run.
+ENV_KNOBS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+             "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TILEGEN_NUM_THREADS", "TILEGEN_CACHE_DIR",
+             "XLA_FLAGS")
+
+
+@pytest.fixture(scope="session")
+def short_mode(request) -> bool:
+    """True under --benchmark-disable (CI): each benchmark body runs once."""
+    return bool(request.config.getoption("benchmark_disable"))
+
+
+@pytest.fixture
+def full_run_only(short_mode):
+    """Skip a benchmark that is too slow for the short mode, with a visible reason."""
+
+    def skip_if_short(why: str) -> None:
+        if short_mode:
+            pytest.skip(f"{SHORT_MODE_NOTE}: {why}; runs under --benchmark-only")
+
+    return skip_if_short
+
+
+@pytest.fixture(scope="session")
+def kina_modules():
+    """tilegen modules compiled once per session, by path. `pending=` names a feature still
+    landing (e.g. reverseMode): then a compiler diagnostic skips the benchmark, quoting it,
+    instead of failing it."""
+    cache = {}
+
+    def get(path, pending: str | None = None):
+        if path not in cache:
+            try:
+                cache[path] = compile_kina(path)
+            except KinaError as error:
+                if pending is None:
+                    raise
+                cache[path] = error
+        if isinstance(cache[path], KinaError):
+            first_line = str(cache[path]).splitlines()[0]
+            pytest.skip(f"tilegen cannot compile {path.name} yet ({pending}): {first_line}")
+        return cache[path]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def storylm0_t36():
+    return storylm_data.storylm0(storylm_data.ROLLOUT_T)
+
+
+@pytest.fixture(scope="session")
+def storylm0_t4():
+    return storylm_data.storylm0(4)
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_facts() -> dict:
+    """CPU, BLAS kernel and threads, library versions and knobs (also used by report.py when a
+    saved run predates them)."""
+    import llvmlite.binding as llvm
+    from threadpoolctl import threadpool_info
+
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    pools = [{key: info.get(key) for key in ("user_api", "internal_api", "prefix", "version",
+                                             "num_threads", "architecture",
+                                             "threading_layer")}
+             for info in threadpool_info()]
+    return {
+        "cpu_model_name": _cpu_model_name(),
+        "llvm_host_cpu": llvm.get_host_cpu_name(),
+        "llvm_version": ".".join(map(str, llvm.llvm_version_info)),
+        "cpu_count": os.cpu_count(),
+        "threadpools": pools,
+        "environment": {name: os.environ.get(name) for name in ENV_KNOBS},
+        "versions": versions,
+    }
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["tilegen_bench"] = machine_facts()
