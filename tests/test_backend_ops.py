@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kina_frontend import interpret, program_from_text
+from kina_frontend import interpret, parse_ir, program_from_text
 from kina_frontend.ops import REGISTRY
 from tilegen.api import compile_program
 
@@ -99,6 +99,28 @@ def op_cases(draw, opname):
         return (f"fn f(t: {_ty((rows, width))}, i: {_ty(ids_shape, 'I64')}) -> {_ty(out)} "
                 f"{{ return gather(t, i); }}",
                 [_floats(rng, (rows, width)), rng.integers(0, rows, ids_shape)])
+    if opname == "scatter_add":
+        rows, width = draw(SIZES), draw(SIZES)
+        ids_shape = _shape(draw, 1, 2, 256)
+        ids = rng.integers(0, rows, ids_shape)
+        return (f"fn f(u: {_ty(ids_shape + (width,))}, i: {_ty(ids_shape, 'I64')}) -> "
+                f"{_ty((rows, width))} {{ return scatter_add(u, i, {rows}); }}",
+                [_floats(rng, ids_shape + (width,)), ids])
+    if opname == "cast":
+        # `cast` is internal (autodiff emits it): the case is written as tensor IR.
+        shape = _shape(draw)
+        source, target = draw(st.sampled_from([("i64", "f32"), ("f32", "f64"),
+                                                ("f64", "f32"), ("i64", "f64")]))
+        dims = ", ".join(str(d) for d in shape)
+        text = (f"func @f(%x: {source}[{dims}]) -> ({target}[{dims}]) {{\n"
+                f"  %y = cast(%x) {{dtype = \"{target}\"}} : {target}[{dims}]\n"
+                "  return %y\n}\n")
+        if source == "i64":
+            data = rng.integers(-1000, 1000, shape)
+        else:
+            data = (rng.standard_normal(shape) * 100).astype(
+                np.float32 if source == "f32" else np.float64)
+        return ("IR:" + text, [data])
     if opname == "one_hot":
         n = draw(SIZES)
         ids_shape = _shape(draw, 1, 2, 256)
@@ -109,7 +131,7 @@ def op_cases(draw, opname):
 
 COVERED = ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "fill", "sum",
            "max", "argmax", "softmax", "log_softmax", "matmul", "transpose", "reshape",
-           "broadcast", "gather", "one_hot")
+           "broadcast", "gather", "one_hot", "scatter_add", "cast")
 
 
 def test_every_registry_op_is_covered():
@@ -118,7 +140,7 @@ def test_every_registry_op_is_covered():
 
 
 def _compare(source, inputs, jit):
-    program = program_from_text(source)
+    program = parse_ir(source[3:]) if source.startswith("IR:") else program_from_text(source)
     (expected,) = interpret(program, "f", *inputs)
     got = compile_program(program, jit=jit).f(*inputs)
     if expected.dtype == np.int64:

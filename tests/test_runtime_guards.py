@@ -57,8 +57,12 @@ def test_computed_ids_are_checked(module):
 def test_wrong_arity_dtype_shape(module):
     table = np.zeros((8, 4), np.float32)
     ids = np.zeros((2, 3), np.int64)
-    with pytest.raises(ArgumentError, match="takes 2 argument"):
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'ids'"):
         module.embed(table)
+    with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
+        module.embed(table, ids, ids)
+    with pytest.raises(ArgumentError, match="takes 2 argument"):
+        module.embed.slow_path(table)
     with pytest.raises(ArgumentError, match="'table' must have dtype float32, got float64"):
         module.embed(table.astype(np.float64), ids)
     with pytest.raises(ArgumentError, match=r"'ids' must have shape \[2, 3\], got \[3, 2\]"):

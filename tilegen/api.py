@@ -16,7 +16,7 @@ def compile_program(program: Program, jit: bool = True, output: str | None = Non
     """Compile concrete tensor IR. `jit=True` stays in memory; `jit=False` builds a shared
     library (kept at `output` if given, otherwise in a temporary folder that is removed)."""
     settings = config.load()
-    plans = plan_program(program, names)
+    plans = plan_program(program, names, settings)
     parsed = to_llvm(codegen(plans, profile=settings.profile), pic=not jit)
     if jit and output is None:
         return jit_module(plans, parsed)

@@ -77,6 +77,7 @@ class KernelCodegen:
         self.exit_block = self.function.append_basic_block("exit")
         self.status_incoming: list[tuple[ir.Value, ir.Block]] = []
         self.heap: list[ir.Value] = []
+        self.cleanups: list[ir.Value] = []  # scratch blocks an error exit must free
         self.env: list[dict[str, Val]] = [{}]
         self.cache: list[dict[L.Expr, Val]] = [{}]
         self.lane: _Lane | None = None
@@ -136,6 +137,8 @@ class KernelCodegen:
         return self.b.call(self._declare("llvm.readcyclecounter", ir.FunctionType(I64, [])), [])
 
     def _finish(self, status: ir.Value) -> None:
+        for pointer in self.cleanups:
+            self.b.call(self._free(), [pointer])
         self.status_incoming.append((status, self.b.block))
         self.b.branch(self.exit_block)
 
@@ -155,8 +158,15 @@ class KernelCodegen:
         if isinstance(stmt, L.For):
             if stmt.kind == "vector" and self.lane is None:
                 self._vector_for(stmt)
+            elif stmt.kind == "parallel" and stmt.width > 1:
+                self.parallel(stmt.extent, stmt.width, lambda child, lo, hi:
+                              child._serial_range(stmt, lo, hi))
             else:
                 self._serial_for(stmt)
+        elif isinstance(stmt, L.Gemm):
+            from .gemm import emit_gemm
+
+            emit_gemm(self, stmt)
         elif isinstance(stmt, L.Let):
             value = self.expr(stmt.value)
             if value.vector:
@@ -185,6 +195,56 @@ class KernelCodegen:
             return carried
         self._loop(0, loop.extent, 1, [], body)
 
+    def _serial_range(self, loop: L.For, lo, hi) -> None:
+        def body(index, carried):
+            self._push()
+            self.env[-1][loop.var.name] = Val(index, False)
+            for inner in loop.body:
+                self.stmt(inner)
+            self._pop()
+            return carried
+        self._loop(lo, hi, 1, [], body)
+
+    # ---- threads ------------------------------------------------------------------------------
+
+    def parallel(self, extent: int, threads: int, body) -> None:
+        """Run `body(child, lo, hi)` over [0, extent) split evenly across `threads` OpenMP
+        threads: the body is outlined into its own function, which receives every buffer
+        pointer and every visible scalar through a context block; an id-check failure in
+        any thread is reported through the context's status slot."""
+        captured = [(name, value) for scope in self.env for name, value in scope.items()]
+        names = list(self.pointers)
+        slots = len(names) + 2 + len(captured)
+        context = self.b.alloca(I64, size=ir.Constant(I64, slots), name="parallel.ctx")
+        context.type = PTR
+        status = self.b.alloca(I64, name="parallel.status")
+        status.type = PTR
+        self.b.store(ir.Constant(I64, 0), status)
+
+        def slot(index):
+            pointer = self.b.gep(context, [ir.Constant(I64, index)], source_etype=I64)
+            pointer.type = PTR
+            return pointer
+
+        for index, name in enumerate(names):
+            self.b.store(self.pointers[name], slot(index))
+        self.b.store(self.err, slot(len(names)))
+        self.b.store(status, slot(len(names) + 1))
+        for index, (_, value) in enumerate(captured):
+            self.b.store(value.value, slot(len(names) + 2 + index))
+        self._outlined_count = getattr(self, "_outlined_count", 0) + 1
+        child = _OutlinedCodegen(self, f"{self.function.name}.par{self._outlined_count}",
+                                 names, captured)
+        child.run_chunk(extent, body)
+        gomp = self._declare("GOMP_parallel", ir.FunctionType(
+            ir.VoidType(), [PTR, PTR, ir.IntType(32), ir.IntType(32)]))
+        self.b.call(gomp, [child.function, context, ir.Constant(ir.IntType(32), threads),
+                           ir.Constant(ir.IntType(32), 0)])
+        failed = self.b.load(status, typ=I64)
+        with self.b.if_then(self.b.icmp_signed("!=", failed, ir.Constant(I64, 0)),
+                            likely=False):
+            self._finish(failed)
+
     def _vector_for(self, loop: L.For) -> None:
         width = loop.width
         main = loop.extent // width * width
@@ -210,15 +270,21 @@ class KernelCodegen:
         return ir.Constant(ir.VectorType(I1, width), [1 if i < active else 0
                                                       for i in range(width)])
 
-    def _loop(self, start: int, stop: int, step: int, inits: list[ir.Value], body):
-        """A counted loop [start, stop) by `step` (stop > start) carrying values."""
+    def _loop(self, start, stop, step: int, inits: list[ir.Value], body):
+        """A counted loop [start, stop) by `step` carrying values. Static bounds must have
+        stop > start; runtime (ir.Value) bounds are checked and may be empty."""
+        dynamic = not (isinstance(start, int) and isinstance(stop, int))
+        start_value = ir.Constant(I64, start) if isinstance(start, int) else start
+        stop_value = ir.Constant(I64, stop) if isinstance(stop, int) else stop
+        if dynamic:
+            return self._guarded_loop(start_value, stop_value, step, inits, body)
         pre = self.b.block
         header = self.function.append_basic_block("loop")
         after = self.function.append_basic_block("after")
         self.b.branch(header)
         self.b.position_at_end(header)
         index = self.b.phi(I64, name="i")
-        index.add_incoming(ir.Constant(I64, start), pre)
+        index.add_incoming(start_value, pre)
         phis = []
         for init in inits:
             phi = self.b.phi(init.type)
@@ -230,10 +296,43 @@ class KernelCodegen:
         index.add_incoming(following, latch)
         for phi, value in zip(phis, updated, strict=True):
             phi.add_incoming(value, latch)
-        more = self.b.icmp_unsigned("<", following, ir.Constant(I64, stop))
+        more = self.b.icmp_signed("<", following, stop_value)
         self.b.cbranch(more, header, after)
         self.b.position_at_end(after)
         return updated
+
+    def _guarded_loop(self, start, stop, step, inits, body):
+        entered = self.b.icmp_signed("<", start, stop)
+        pre = self.b.block
+        run = self.function.append_basic_block("run")
+        join = self.function.append_basic_block("join")
+        self.b.cbranch(entered, run, join)
+        self.b.position_at_end(run)
+        header = self.function.append_basic_block("loop")
+        self.b.branch(header)
+        self.b.position_at_end(header)
+        index = self.b.phi(I64, name="i")
+        index.add_incoming(start, run)
+        phis = []
+        for init in inits:
+            phi = self.b.phi(init.type)
+            phi.add_incoming(init, run)
+            phis.append(phi)
+        updated = body(index, phis)
+        following = self.b.add(index, ir.Constant(I64, step), flags=("nsw",))
+        latch = self.b.block
+        index.add_incoming(following, latch)
+        for phi, value in zip(phis, updated, strict=True):
+            phi.add_incoming(value, latch)
+        self.b.cbranch(self.b.icmp_signed("<", following, stop), header, join)
+        self.b.position_at_end(join)
+        results = []
+        for init, value in zip(inits, updated, strict=True):
+            merged = self.b.phi(init.type)
+            merged.add_incoming(init, pre)
+            merged.add_incoming(value, latch)
+            results.append(merged)
+        return results
 
     # ---- memory -------------------------------------------------------------------------------
 
@@ -653,3 +752,60 @@ def _linear(index: tuple[L.Expr, ...], shape: tuple[int, ...]) -> L.Expr:
         flat = L.add(flat, L.mul(index[position], L.const(stride)))
         stride *= shape[position]
     return flat
+
+
+class _OutlinedCodegen(KernelCodegen):
+    """The body of a parallel loop as `void fn(ptr context)`, run by every thread."""
+
+    def __init__(self, parent: KernelCodegen, name: str, names: list[str], captured):
+        self.module = parent.module
+        self.profile = False
+        self.kernel = parent.kernel
+        self.math = parent.math
+        self.buffers = parent.buffers
+        self.function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), name)
+        self.function.linkage = "internal"
+        self.function.attributes.add("nounwind")
+        self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
+        self.exit_block = self.function.append_basic_block("exit")
+        self.status_incoming = []
+        self.heap = []
+        self.cleanups = []
+        self.lane = None
+        self.varying_names = set()
+        self.cache = [{}]
+        context = self.function.args[0]
+
+        def load(index, ty):
+            pointer = self.b.gep(context, [ir.Constant(I64, index)], source_etype=I64)
+            pointer.type = PTR
+            return self.b.load(pointer, typ=ty)
+
+        self.pointers = {name: load(i, PTR) for i, name in enumerate(names)}
+        self.err = load(len(names), PTR)
+        self.status_slot = load(len(names) + 1, PTR)
+        self.env = [{name: Val(load(len(names) + 2 + i, value.value.type), False)
+                     for i, (name, value) in enumerate(captured)}]
+
+    def run_chunk(self, extent: int, body) -> None:
+        threads = self.b.call(self._declare("omp_get_num_threads",
+                                            ir.FunctionType(ir.IntType(32), [])), [])
+        thread = self.b.call(self._declare("omp_get_thread_num",
+                                           ir.FunctionType(ir.IntType(32), [])), [])
+        count = self.b.sext(threads, I64)
+        me = self.b.sext(thread, I64)
+        total = ir.Constant(I64, extent)
+        lo = self.b.sdiv(self.b.mul(me, total), count)
+        hi = self.b.sdiv(self.b.mul(self.b.add(me, ir.Constant(I64, 1)), total), count)
+        body(self, lo, hi)
+        self.b.branch(self.exit_block)
+        self.b.position_at_end(self.exit_block)
+        for pointer in self.heap:
+            self.b.call(self._free(), [pointer])
+        self.b.ret_void()
+
+    def _finish(self, status: ir.Value) -> None:
+        for pointer in self.cleanups:
+            self.b.call(self._free(), [pointer])
+        self.b.store(status, self.status_slot)
+        self.b.branch(self.exit_block)

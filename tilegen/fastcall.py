@@ -51,17 +51,7 @@ def _accepted_type_nums(dtype: str) -> tuple[int, ...]:
 
 
 def estimate_work(kernel: L.Kernel) -> int:
-    total = 0
-
-    def walk(stmts, trips):
-        nonlocal total
-        for stmt in stmts:
-            if isinstance(stmt, L.For):
-                walk(stmt.body, trips * stmt.extent)
-            else:
-                total += trips * max(1, L.expr_cost(stmt.value))
-    walk(kernel.body, 1)
-    return total
+    return L.work(kernel.body)
 
 
 def declare_runtime_table(module: ir.Module) -> ir.GlobalVariable:

@@ -170,6 +170,40 @@ class Store(Stmt):
 
 
 @dataclass(frozen=True)
+class GemmTiles:
+    """Register block mr x nr, cache blocks mc x kc (A, L2) and kc x nc (B, L3)."""
+
+    mr: int
+    nr: int
+    kc: int
+    mc: int
+    nc: int
+
+
+@dataclass(frozen=True)
+class Gemm(Stmt):
+    """out[batch..., i, j] = sum over k < k_extent of a_elem * b_elem, where a_elem reads
+    A at (batch..., i, k) and b_elem reads B at (batch..., k, j) through the free vars
+    `batch`, `i`, `j`, `k`. Lowered to packed panels and a register-blocked micro-kernel,
+    split across `threads` threads by rows."""
+
+    out: str
+    batch: tuple[Var, ...]
+    batch_extents: tuple[int, ...]
+    i: Var
+    j: Var
+    k: Var
+    m: int
+    n: int
+    k_extent: int
+    a_elem: Expr
+    b_elem: Expr
+    dtype: str
+    tiles: GemmTiles
+    threads: int = 1
+
+
+@dataclass(frozen=True)
 class Buffer:
     name: str
     dtype: str
@@ -323,6 +357,26 @@ def expr_cost(expr: Expr) -> int:
     return own + sum(expr_cost(c) for c in children(expr))
 
 
+def work(stmts) -> int:
+    """Element operations a statement list performs (loop trip counts x expression cost)."""
+    total = 0
+    for stmt in stmts:
+        if isinstance(stmt, For):
+            total += stmt.extent * work(stmt.body)
+        elif isinstance(stmt, Gemm):
+            total += 2 * stmt.m * stmt.n * stmt.k_extent * _product(stmt.batch_extents)
+        else:
+            total += max(1, expr_cost(stmt.value))
+    return total
+
+
+def _product(values) -> int:
+    total = 1
+    for value in values:
+        total *= value
+    return total
+
+
 # ---- printer --------------------------------------------------------------------------------
 
 def format_kernel(kernel: Kernel) -> str:
@@ -341,7 +395,8 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
     pad = "  " * depth
     if isinstance(stmt, For):
         tag = "" if stmt.kind == "serial" else (
-            f" vector<{stmt.width}>" if stmt.kind == "vector" else f" {stmt.kind}")
+            f" vector<{stmt.width}>" if stmt.kind == "vector" else
+            f" parallel<{stmt.width}>")
         lines = [f"{pad}for {stmt.var} in 0..{stmt.extent}{tag} {{"]
         for inner in stmt.body:
             lines.extend(_format_stmt(inner, depth + 1))
@@ -352,4 +407,12 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
     if isinstance(stmt, Store):
         index = ", ".join(str(i) for i in stmt.index)
         return [f"{pad}{stmt.buffer}[{index}] = {stmt.value}"]
+    if isinstance(stmt, Gemm):
+        batch = "".join(f"{v}<{e}>, " for v, e in zip(stmt.batch, stmt.batch_extents,
+                                                       strict=True))
+        t = stmt.tiles
+        return [f"{pad}gemm {stmt.out}[{batch}{stmt.i}<{stmt.m}>, {stmt.j}<{stmt.n}>] = "
+                f"sum[{stmt.k} < {stmt.k_extent}]({stmt.a_elem} * {stmt.b_elem})",
+                f"{pad}  tiles mr={t.mr} nr={t.nr} kc={t.kc} mc={t.mc} nc={t.nc} "
+                f"threads={stmt.threads}"]
     raise TypeError(stmt)

@@ -19,8 +19,16 @@ from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation
 from kina_frontend.types import DType, TensorType
 
+from . import config
+from . import gemm as gemm_module
 from . import loopir as L
 from .affine import IndexSimplifier
+from .config import Config
+
+# Matrix products with at least this many multiply-adds use the packed micro-kernel
+# (tilegen/gemm.py); smaller ones stay fused `Reduce` expressions.
+GEMM_MIN_WORK = 1 << 16
+GEMM_PARALLEL_WORK = 1 << 21
 
 # A view is materialised before a consumer that reads each element more than once when
 # evaluating it costs more than this (see loopir.expr_cost): a load and an op or two are
@@ -43,8 +51,9 @@ class View:
 class LowerContext:
     """What an op's `lower` rule may use; one per function being lowered."""
 
-    def __init__(self, function: Function):
+    def __init__(self, function: Function, options: Config):
         self.function = function
+        self.options = options
         self.simplifier = IndexSimplifier()
         self.buffers: list[L.Buffer] = []
         self.body: list[L.Stmt] = []
@@ -136,6 +145,22 @@ class LowerContext:
             return L.CheckedId(ids.at(index), limit, number, tuple(index))
         return checked
 
+    def gemm(self, out: str, a: View, b: View) -> L.Gemm | None:
+        """A packed, register-blocked matrix multiply writing `out`, when the product is big
+        enough for packing to pay; None to keep the fused `Reduce` form."""
+        a_shape, b_shape = a.type.concrete_shape, b.type.concrete_shape
+        m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+        dtype = a.type.dtype.value
+        if dtype not in gemm_module.LANES or m * n * k < GEMM_MIN_WORK or n < 8 or k < 8:
+            return None
+        batch_extents = a_shape[:-2]
+        batch = tuple(self.var(e, "b") for e in batch_extents)
+        i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")
+        tiles = gemm_module.default_tiles(dtype, m, n, k)
+        threads = self.options.num_threads if 2 * m * n * k >= GEMM_PARALLEL_WORK else 1
+        return L.Gemm(out, batch, batch_extents, i, j, kk, m, n, k, a.at(batch + (i, kk)),
+                      b.at(batch + (kk, j)), dtype, tiles, threads)
+
     def error(self, message: str) -> KinaError:
         return KinaError("lowering", message, self.current.span if self.current else None)
 
@@ -144,9 +169,10 @@ def _sanitize(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
 
-def lower_function(function: Function, kernel_name: str | None = None) -> L.Kernel:
+def lower_function(function: Function, kernel_name: str | None = None,
+                   options: Config | None = None) -> L.Kernel:
     """Lower an inlined function (no `call`/`reverse_mode`/`placeholder`) to a kernel."""
-    ctx = LowerContext(function)
+    ctx = LowerContext(function, options or config.load())
     views: dict[str, View] = {}
     inputs = []
     for param in function.params:

@@ -15,19 +15,24 @@ from kina_frontend.diagnostics import KinaError
 from kina_frontend.tensor_ir import Function, Program
 from kina_frontend.transforms import prepare_for_codegen
 
+from . import config
 from . import loopir as L
 from .codegen import KernelCodegen
+from .config import Config
 from .fastcall import build_entry
 from .lower import lower_function
-from .schedule import vectorize_pass
+from .schedule import parallelize_pass, vectorize_pass
 from .target import LLVM_LOCK, optimize, target_machine, triple
 from .vecmath import MathLibrary
 
 SYMBOL_PREFIX = "kina_"
 ENTRY_PREFIX = "kina_entry_"
 
-# Loop-IR passes, in order; each maps a kernel to a kernel.
-SCHEDULE_PASSES = (("vectorize", vectorize_pass),)
+# Loop-IR passes, in order; each maps (kernel, options) to a kernel.
+SCHEDULE_PASSES = (
+    ("vectorize", lambda kernel, options: vectorize_pass(kernel)),
+    ("parallelize", lambda kernel, options: parallelize_pass(kernel, options.num_threads)),
+)
 
 
 @dataclass(frozen=True)
@@ -50,23 +55,25 @@ def prepare(program: Program, name: str) -> Function:
     return prepare_for_codegen(program, name)
 
 
-def lower(function: Function) -> L.Kernel:
-    return lower_function(function)
+def lower(function: Function, options: Config) -> L.Kernel:
+    return lower_function(function, options=options)
 
 
-def schedule(kernel: L.Kernel) -> L.Kernel:
+def schedule(kernel: L.Kernel, options: Config) -> L.Kernel:
     for _, pass_fn in SCHEDULE_PASSES:
-        kernel = pass_fn(kernel)
+        kernel = pass_fn(kernel, options)
     return kernel
 
 
-def plan_program(program: Program, names: tuple[str, ...] | None = None) -> list[KernelPlan]:
+def plan_program(program: Program, names: tuple[str, ...] | None = None,
+                 options: Config | None = None) -> list[KernelPlan]:
+    options = options or config.load()
     plans = []
     for function in program.functions:
         if names is not None and function.name not in names:
             continue
         prepared = prepare(program, function.name)
-        plans.append(KernelPlan(prepared, schedule(lower(prepared))))
+        plans.append(KernelPlan(prepared, schedule(lower(prepared, options), options)))
     return plans
 
 

@@ -9,6 +9,9 @@ native entry point and turns a failed id check into a Python exception.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
+import functools
+import keyword
 import os
 import shutil
 import subprocess
@@ -134,7 +137,10 @@ class CompiledFunction:
 def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
     """A plain Python function with the Kina signature that calls the native entry and
     falls back to `slow` (which validates and raises) when the entry declines."""
-    params = [f"a{i}" for i in range(len(slow.params))]
+    # Parameters carry the Kina names, so Python's own arity errors name them.
+    params = [name if name.isidentifier() and not keyword.iskeyword(name) and
+              not name.startswith("_") and name != "out" else f"arg{i}"
+              for i, (name, _, _) in enumerate(slow.params)]
     outs = [f"o{i}" for i in range(len(slow.results))]
     args = ", ".join(params)
     returned = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
@@ -149,7 +155,8 @@ def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
               "is None:",
               "        return given[0] if len(given) == 1 else given",
               "    return _slow(" + args + (", " if args else "") + "out=out)"]
-    namespace = {"_empty": np.empty, "_ndarray": np.ndarray, "_entry": entry, "_slow": slow, "_keepalive": keepalive}
+    namespace = {"_empty": np.empty, "_ndarray": np.ndarray, "_entry": entry, "_slow": slow,
+                 "_keepalive": keepalive}
     for i, (dtype, shape) in enumerate(slow.results):
         namespace[f"_shape{i}"] = shape
         namespace[f"_dtype{i}"] = dtype
@@ -208,8 +215,19 @@ class CompiledModule:
         return f"<tilegen module ({self.kind}): {', '.join(self.functions)}>"
 
 
+@functools.cache
+def _load_openmp_runtime() -> None:
+    """Parallel loops call libgomp (GOMP_parallel); make its symbols visible to MCJIT."""
+    path = ctypes.util.find_library("gomp")
+    if path is None:
+        raise KinaError("io", "libgomp (the GNU OpenMP runtime) is needed for parallel loops; "
+                        "install gcc/libgomp1 or set TILEGEN_NUM_THREADS=1", None)
+    llvm.load_library_permanently(path)
+
+
 def jit_module(plans: list[KernelPlan], parsed: llvm.ModuleRef) -> CompiledModule:
     """Compile in-process with MCJIT; nothing touches the disk."""
+    _load_openmp_runtime()
     with LLVM_LOCK:
         # The engine owns (and frees) the target machine it is given: a fresh one each time.
         engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
@@ -235,8 +253,8 @@ def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
         if compiler is None:
             raise KinaError("io", "no C compiler found to link a shared library (set CC or "
                             "install gcc)", None)
-        result = subprocess.run([compiler, "-shared", "-o", linked, object_path, "-lm"],
-                                capture_output=True, text=True)
+        result = subprocess.run([compiler, "-shared", "-o", linked, object_path, "-lm",
+                                 "-lgomp"], capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise KinaError("io", f"linking {path} failed: {result.stderr.strip()}", None)
         handle_fd, staging = tempfile.mkstemp(prefix=".tilegen-", suffix=".so", dir=directory)

@@ -29,6 +29,24 @@ def vector_width(dtype: str, extent: int) -> int:
     return width
 
 
+# A loop nest runs on several threads only when it does at least this much work: an OpenMP
+# fork/join costs a few microseconds.
+PARALLEL_WORK = 1 << 18
+
+
+def parallelize_pass(kernel: L.Kernel, threads: int) -> L.Kernel:
+    """The outermost loop of each large top-level nest is split across `threads`."""
+    if threads <= 1:
+        return kernel
+    body = []
+    for stmt in kernel.body:
+        if isinstance(stmt, L.For) and stmt.kind == "serial" and stmt.extent >= 2 \
+                and L.work([stmt]) >= PARALLEL_WORK:
+            stmt = replace(stmt, kind="parallel", width=threads)
+        body.append(stmt)
+    return replace(kernel, body=tuple(body))
+
+
 def vectorize_pass(kernel: L.Kernel) -> L.Kernel:
     strides = {b.name: b.strides for b in kernel.buffers}
     body = tuple(_schedule_stmt(s, strides, in_vector=False) for s in kernel.body)
@@ -57,6 +75,8 @@ def _schedule_stmt(stmt: L.Stmt, strides, in_vector: bool) -> L.Stmt:
         return replace(stmt, value=_schedule_expr(stmt.value, strides, in_vector))
     if isinstance(stmt, L.Store):
         return replace(stmt, value=_schedule_expr(stmt.value, strides, in_vector))
+    if isinstance(stmt, L.Gemm):
+        return stmt
     raise TypeError(stmt)
 
 

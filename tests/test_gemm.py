@@ -1,0 +1,94 @@
+"""The packed micro-kernel matmul (tilegen/gemm.py) on shapes that hit every edge path:
+rows not a multiple of mr, columns not a multiple of nr or of 16 lanes, depth beyond one
+kc block, batches, transposed and broadcast operands, fused producers, f64, 1 and 2
+threads, JIT and .so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kina_frontend import interpret, program_from_text
+from tilegen.api import compile_program
+from tilegen.loopir import Gemm
+
+
+def _ty(shape, dtype="F32"):
+    return f"Tensor[{dtype}, [{', '.join(str(d) for d in shape)}], @host]"
+
+
+def _compile(source, threads, monkeypatch, jit=True):
+    monkeypatch.setenv("TILEGEN_NUM_THREADS", str(threads))
+    program = program_from_text(source)
+    module = compile_program(program, jit=jit)
+    return program, module
+
+
+def _uses_gemm(function) -> bool:
+    return any(isinstance(s, Gemm) for s in function.plan.kernel.body)
+
+
+SHAPES = [(64, 64, 64), (37, 300, 45), (13, 17, 29), (100, 513, 33), (12, 8, 64),
+          (333, 1000, 777), (1, 64, 1024), (257, 31, 16)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_gemm_matches_float64(m, k, n, threads, monkeypatch):
+    source = (f"fn f(a: {_ty((m, k))}, b: {_ty((k, n))}) -> {_ty((m, n))} "
+              "{ return matmul(a, b); }")
+    _, module = _compile(source, threads, monkeypatch)
+    rng = np.random.default_rng(m * 7 + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    got = module.f(a, b)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    bound = 4 * np.finfo(np.float32).eps * np.sqrt(k) * (np.abs(a) @ np.abs(b))
+    assert np.all(np.abs(got - exact) <= bound + 1e-30)
+    if m * n * k >= 1 << 16 and n >= 8 and k >= 8:
+        assert _uses_gemm(module.f)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_transposed_broadcast_and_fused_operands(threads, monkeypatch):
+    source = f"""
+fn f(q: {_ty((2, 3, 70, 40))}, k: {_ty((2, 3, 90, 40))}, w: {_ty((40, 50))},
+     x: {_ty((2, 3, 70, 40))}) -> ({_ty((2, 3, 70, 90))}, {_ty((2, 3, 70, 50))}) {{
+  let scores = matmul(q, transpose(k, [0, 1, 3, 2]));
+  let projected = matmul(exp(mul(x, 0.1)), broadcast(w, [2, 3, 40, 50]));
+  return (scores, projected);
+}}"""
+    program, module = _compile(source, threads, monkeypatch)
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal(s).astype(np.float32)
+              for s in ((2, 3, 70, 40), (2, 3, 90, 40), (40, 50), (2, 3, 70, 40))]
+    assert _uses_gemm(module.f)
+    for got, want in zip(module.f(*inputs), interpret(program, "f", *inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_gemm_f64_and_shared_library(monkeypatch):
+    source = (f"fn f(a: {_ty((150, 70), 'F64')}, b: {_ty((70, 45), 'F64')}) -> "
+              f"{_ty((150, 45), 'F64')} {{ return matmul(a, b); }}")
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((150, 70)), rng.standard_normal((70, 45))
+    for jit in (True, False):
+        _, module = _compile(source, 2, monkeypatch, jit=jit)
+        assert _uses_gemm(module.f)
+        np.testing.assert_allclose(module.f(a, b), a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_gather_inside_a_gemm_operand_reports_bad_ids(monkeypatch):
+    source = f"""
+fn f(table: {_ty((50, 64))}, ids: {_ty((80,), 'I64')}, w: {_ty((64, 64))})
+    -> {_ty((80, 64))} {{
+  return matmul(gather(table, ids), w);
+}}"""
+    _, module = _compile(source, 2, monkeypatch)
+    table = np.ones((50, 64), np.float32)
+    w = np.ones((64, 64), np.float32)
+    ids = np.arange(80) % 50
+    np.testing.assert_allclose(module.f(table, ids, w), np.full((80, 64), 64.0))
+    ids[77] = 50
+    with pytest.raises(IndexError, match=r"id 50 at position \[77\]"):
+        module.f(table, ids, w)
