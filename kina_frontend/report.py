@@ -16,13 +16,18 @@ def derived_names(checked: CheckedProgram) -> dict[sympy.Expr, sympy.Symbol]:
             if expr != const_symbol(name)}
 
 
+def shown_type(ttype, derived: dict[sympy.Expr, sympy.Symbol]) -> str:
+    """`f32[1, T, D]`: a symbolic type with derived consts written by name."""
+    dims = ", ".join(format_dim(sympy.sympify(d).subs(derived)) for d in ttype.shape)
+    return f"{ttype.dtype.value}[{dims}]"
+
+
 def types_report(checked: CheckedProgram, source_name: str) -> str:
     values = {const_symbol(n): v for n, v in checked.constants.items()}
     derived = derived_names(checked)
 
     def shown(ttype) -> str:
-        dims = ", ".join(format_dim(sympy.sympify(d).subs(derived)) for d in ttype.shape)
-        return f"{ttype.dtype.value}[{dims}]"
+        return shown_type(ttype, derived)
 
     def surface(ttype) -> str:
         dims = ", ".join(format_dim(sympy.sympify(d).subs(derived)) for d in ttype.shape)

@@ -76,6 +76,8 @@ def test_default_summary_and_bare_name_without_extension(tmp_path: Path) -> None
     assert re.search(r"storylm0_rollout\.kina: 5 function\(s\), \d+ shape obligations proved",
                      result.stdout)
     assert "@main main() -> ()" in result.stdout
+    # Derived consts are printed by name, as written (D, not Dh*H).
+    assert "  split_heads(f32[1, T, D]) -> (f32[1, H, T, Dh])\n" in result.stdout
 
 
 def test_a_local_file_wins_over_nothing_and_paths_work(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ def _compile(args: argparse.Namespace) -> int:
     from kina_frontend import ast, load_source, parse_source, resolve_path
     from kina_frontend.checker import check_module, specialize
     from kina_frontend.lexer import tokenize
-    from kina_frontend.report import types_report
+    from kina_frontend.report import derived_names, shown_type, types_report
     from kina_frontend.tensor_ir import format_program
 
     started = time.perf_counter()
@@ -78,9 +78,10 @@ def _compile(args: argparse.Namespace) -> int:
         elapsed = (time.perf_counter() - started) * 1e3
         print(f"{source.name}: {len(program.functions)} function(s), "
               f"{len(checked.obligations)} shape obligations proved in {elapsed:.1f} ms")
+        derived = derived_names(checked)  # print `D`, as written, not `Dh*H`
         for function in checked.program.functions:
-            params = ", ".join(str(p.type) for p in function.params)
-            results = ", ".join(str(v.type) for v in function.results)
+            params = ", ".join(shown_type(p.type, derived) for p in function.params)
+            results = ", ".join(shown_type(v.type, derived) for v in function.results)
             print(f"  {'@main ' if function.is_main else ''}{function.name}({params}) "
                   f"-> ({results})")
     return 0
