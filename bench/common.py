@@ -166,8 +166,9 @@ def compile_kina(path: Path):
 class Case:
     """One provider's way of doing a group's work.
 
-    `call` does the work once and returns its result; `check` is the correctness guard on that
-    result (it raises on a mismatch); `context` is entered around the guard and the timing
+    `call` does the work once and returns its result; `check` is the correctness guard on the
+    result of `guard_call` (by default `call` itself; B4's step guards the same compiled
+    function on other input values); `context` is entered around the guard and the timing
     (e.g. a thread limit); `extra` goes into extra_info (e.g. compile_s)."""
 
     call: Callable[[], Any]
@@ -175,6 +176,7 @@ class Case:
     threads: int | str
     context: Callable[[], AbstractContextManager] = nullcontext
     extra: dict[str, Any] = field(default_factory=dict)
+    guard_call: Callable[[], Any] | None = None
 
 
 def measure(benchmark, group: str, provider: str, case: Case, *, units: int | None = None,
@@ -182,7 +184,7 @@ def measure(benchmark, group: str, provider: str, case: Case, *, units: int | No
     """Guard once, then time: the provider's result is compared with the reference before any
     timed round (pytest-benchmark then calibrates, warms up if asked, and takes the rounds)."""
     with case.context():
-        case.check(case.call())
+        case.check((case.guard_call or case.call)())
         describe(benchmark, group, provider, threads=case.threads, units=units, unit=unit,
                  flops=flops, **case.extra)
         benchmark(case.call)
