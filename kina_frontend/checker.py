@@ -17,8 +17,15 @@ from . import ast
 from .diagnostics import KinaError, Span
 from .ops import REGISTRY, OpDef
 from .tensor_ir import Function, Operation, Program, Value, make_attrs
-from .types import (RESERVED_DTYPES, SUPPORTED_PLACEMENTS, SURFACE_DTYPES, DType, TensorType,
-                    const_symbol, format_dim)
+from .types import (
+    RESERVED_DTYPES,
+    SUPPORTED_PLACEMENTS,
+    SURFACE_DTYPES,
+    DType,
+    TensorType,
+    const_symbol,
+    format_dim,
+)
 
 # Guards that keep hostile programs from asking for absurd allocations.
 MAX_DIM = 2**31 - 1
@@ -124,7 +131,7 @@ class _Checker:
             raise KinaError("name", f"const '{name}' clashes with the op of that name",
                             const.name.span)
         expr = self.dim_expr(const.value)
-        value = int(expr.subs(self.substitution))
+        value = self.evaluate(expr)
         if value < 1:
             raise KinaError("shape", f"const '{name}' must be a positive integer, got {value}",
                             const.value.span)
@@ -140,6 +147,10 @@ class _Checker:
     @property
     def substitution(self) -> dict[sympy.Symbol, int]:
         return {const_symbol(name): value for name, value in self.values.items()}
+
+    def evaluate(self, dim) -> int:
+        """The value of a dim expression with the consts substituted."""
+        return evaluate_dim(dim, self.values)
 
     def declare_function(self, decl: ast.FnDecl) -> None:
         name = decl.name.ident
@@ -575,7 +586,7 @@ class _Checker:
                         expr.span)
 
     def require_dim_positive(self, dim, span: Span) -> None:
-        value = int(sympy.sympify(dim).subs(self.substitution))
+        value = self.evaluate(dim)
         if value < 1:
             raise KinaError("shape", f"dimension {format_dim(dim)} = {value} is not positive",
                             span, ("every dimension must be at least 1",))
@@ -588,7 +599,7 @@ class _Checker:
             f"'{what}' produces {ttype}, which"
         count = 1
         for dim in ttype.shape:
-            value = int(sympy.sympify(dim).subs(self.substitution))
+            value = self.evaluate(dim)
             if value < 1 or value > MAX_DIM:
                 raise KinaError("shape", f"{subject} has dim {format_dim(dim)} = {value}, out "
                                 "of range", span, (f"dimensions must lie in 1..{MAX_DIM}",))
@@ -726,12 +737,33 @@ def _did_you_mean(name: str, candidates: list[str]) -> tuple[str, ...]:
 
 # ---- specialisation -------------------------------------------------------------------------
 
+_EVALUATED: dict[tuple, int] = {}
+
+
+def evaluate_dim(dim, constants: dict[str, int]) -> int:
+    """int(dim) with each const symbol replaced by its value; memoised, since the same few
+    dims recur through a program (sympy's subs is slow)."""
+    if isinstance(dim, int):
+        return dim
+    if dim.is_Integer:
+        return int(dim)
+    key = (dim, tuple(sorted(constants.items())))
+    value = _EVALUATED.get(key)
+    if value is None:
+        mapping = {const_symbol(n): sympy.Integer(v) for n, v in constants.items()}
+        value = int(dim.xreplace(mapping))
+        if len(_EVALUATED) > 100_000:
+            _EVALUATED.clear()
+        _EVALUATED[key] = value
+    return value
+
+
 def specialize(checked: CheckedProgram) -> Program:
     """Substitute every const's value: all shapes and dim attributes become ints."""
     values = {const_symbol(n): v for n, v in checked.constants.items()}
 
     def concrete(dim):
-        return int(sympy.sympify(dim).subs(values))
+        return evaluate_dim(dim, checked.constants)
 
     def ttype(t: TensorType) -> TensorType:
         return TensorType(t.dtype, tuple(concrete(d) for d in t.shape))

@@ -78,11 +78,20 @@ class TensorType:
         return f"Tensor[{self.dtype.kina_name}, [{dims}], @host]"
 
 
+_FORMATTED: dict = {}
+
+
 def format_dim(dim: Dim) -> str:
     if isinstance(dim, int):
         return str(dim)
-    text = sympy.sstr(dim)
-    return text.replace(" ", "")
+    # Memoised: the checker formats the same few dims for every obligation it records.
+    text = _FORMATTED.get(dim)
+    if text is None:
+        text = sympy.sstr(dim).replace(" ", "")
+        if len(_FORMATTED) > 100_000:
+            _FORMATTED.clear()
+        _FORMATTED[dim] = text
+    return text
 
 
 def const_symbol(name: str) -> sympy.Symbol:

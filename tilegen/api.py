@@ -7,7 +7,7 @@ import os
 from kina_frontend import Program, Source, check_source, load_source, specialize
 
 from . import config
-from .pipeline import codegen, plan_program, to_llvm
+from .pipeline import plan_program
 from .runtime import CompiledModule, aot_module, jit_module
 
 
@@ -17,10 +17,9 @@ def compile_program(program: Program, jit: bool = True, output: str | None = Non
     library (kept at `output` if given, otherwise in a temporary folder that is removed)."""
     settings = config.load()
     plans = plan_program(program, names, settings)
-    parsed = to_llvm(codegen(plans, profile=settings.profile), pic=not jit)
     if jit and output is None:
-        return jit_module(plans, parsed)
-    return aot_module(plans, parsed, keep_path=output)
+        return jit_module(plans, settings.profile)
+    return aot_module(plans, settings.profile, keep_path=output)
 
 
 def compile_source(text: str, name: str = "<string>", jit: bool = True,

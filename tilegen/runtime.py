@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from kina_frontend.diagnostics import KinaError
 
 from .fastcall import TABLE_SYMBOL, fill_runtime_table, layout_is_supported, make_builtin
-from .pipeline import KernelPlan, object_code
+from .pipeline import KernelPlan, codegen, object_code, to_llvm
 from .target import LLVM_LOCK, new_target_machine
 
 
@@ -170,49 +171,75 @@ def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
     return function
 
 
-class CompiledModule:
-    """The compiled functions of one Kina program, as attributes."""
+@dataclass
+class NativeCode:
+    """Where one function's compiled code lives and what keeps it alive."""
 
-    def __init__(self, plans: list[KernelPlan], addresses: dict[str, int], owner, kind: str,
-                 table_address: int | None = None):
-        self._owner = owner  # the MCJIT engine or the loaded library
+    kernel: int  # address of the kernel
+    entry: int  # address of its METH_FASTCALL entry
+    table: int | None  # address of the runtime table the entry reads
+    profile: int | None  # address of the TILEGEN_PROFILE cycle counters, if compiled in
+    owner: object  # the MCJIT engine or the loaded library
+
+
+class CompiledModule:
+    """The compiled functions of one Kina program, as attributes.
+
+    In JIT mode each function is compiled to machine code on first use (lowering and
+    checking already happened, so errors surface at compile_file time); a shared library
+    holds all of them at once."""
+
+    def __init__(self, plans: list[KernelPlan], kind: str, load):
         self.kind = kind
-        self.functions: dict[str, object] = {}
+        self.plans = {plan.function.name: plan for plan in plans}
+        self._load = load  # plan -> NativeCode
+        self._functions: dict[str, object] = {}
+        self._natives: dict[str, NativeCode] = {}
         self._method_defs = []
-        fast = table_address is not None and layout_is_supported()
-        if fast:
-            fill_runtime_table(table_address)
-        for plan in plans:
-            slow = CompiledFunction(self, plan, addresses[plan.symbol])
-            if fast:
-                entry, definition = make_builtin(plan.entry_symbol, addresses[plan.entry_symbol])
-                self._method_defs.append(definition)
-                self.functions[plan.function.name] = _fast_wrapper(slow, entry, self)
-            else:
-                self.functions[plan.function.name] = slow
+        self._lock = threading.Lock()
+
+    @property
+    def functions(self) -> dict[str, object]:
+        """Every function, compiled (forces compilation of those not yet used)."""
+        return {name: self.function(name) for name in self.plans}
+
+    def function(self, name: str):
+        compiled = self._functions.get(name)
+        if compiled is not None:
+            return compiled
+        with self._lock:
+            if name not in self._functions:
+                self._functions[name] = self._wrap(self.plans[name])
+            return self._functions[name]
+
+    def _wrap(self, plan: KernelPlan):
+        native = self._load(plan)
+        self._natives[plan.function.name] = native
+        slow = CompiledFunction(self, plan, native.kernel)
+        if native.table is None or not layout_is_supported():
+            return slow
+        fill_runtime_table(native.table)
+        entry, definition = make_builtin(plan.entry_symbol, native.entry)
+        self._method_defs.append(definition)
+        return _fast_wrapper(slow, entry, self)
 
     def profile_address(self, plan: KernelPlan) -> int | None:
         """Address of the kernel's cycle counters (compiled with TILEGEN_PROFILE=1)."""
-        symbol = plan.symbol + ".cycles"
-        try:
-            if self.kind == "jit":
-                return self._owner.get_global_value_address(symbol) or None
-            return ctypes.addressof(ctypes.c_int64.in_dll(self._owner, symbol))
-        except (ValueError, RuntimeError):
-            return None
+        self.function(plan.function.name)
+        return self._natives[plan.function.name].profile
 
-    def __getattr__(self, name: str) -> CompiledFunction:
-        functions = self.__dict__.get("functions", {})
-        if name in functions:
-            return functions[name]
+    def __getattr__(self, name: str):
+        plans = self.__dict__.get("plans", {})
+        if name in plans:
+            return self.function(name)
         raise AttributeError(f"the compiled program has no function '{name}' (it has: "
-                             f"{', '.join(functions)})")
+                             f"{', '.join(plans)})")
 
     def __dir__(self):
-        return list(super().__dir__()) + list(self.functions)
+        return list(super().__dir__()) + list(self.plans)
 
     def __repr__(self) -> str:
-        return f"<tilegen module ({self.kind}): {', '.join(self.functions)}>"
+        return f"<tilegen module ({self.kind}): {', '.join(self.plans)}>"
 
 
 @functools.cache
@@ -225,19 +252,25 @@ def _load_openmp_runtime() -> None:
     llvm.load_library_permanently(path)
 
 
-def jit_module(plans: list[KernelPlan], parsed: llvm.ModuleRef) -> CompiledModule:
-    """Compile in-process with MCJIT; nothing touches the disk."""
+def jit_module(plans: list[KernelPlan], profile: bool = False) -> CompiledModule:
+    """In-process MCJIT, one engine per function, compiled on first use; nothing touches
+    the disk."""
     _load_openmp_runtime()
-    with LLVM_LOCK:
-        # The engine owns (and frees) the target machine it is given: a fresh one each time.
-        engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
-        engine.finalize_object()
-        addresses = {}
-        for plan in plans:
-            for symbol in (plan.symbol, plan.entry_symbol):
-                addresses[symbol] = engine.get_function_address(symbol)
-        table = engine.get_global_value_address(TABLE_SYMBOL)
-    return CompiledModule(plans, addresses, engine, "jit", table)
+
+    def load(plan: KernelPlan) -> NativeCode:
+        parsed = to_llvm(codegen([plan], profile=profile))
+        with LLVM_LOCK:
+            # The engine owns (and frees) the target machine it is given: a fresh one.
+            engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
+            engine.finalize_object()
+            kernel = engine.get_function_address(plan.symbol)
+            entry = engine.get_function_address(plan.entry_symbol)
+            table = engine.get_global_value_address(TABLE_SYMBOL)
+            counters = engine.get_global_value_address(plan.symbol + ".cycles") \
+                if profile else None
+        return NativeCode(kernel, entry, table, counters or None, engine)
+
+    return CompiledModule(plans, "jit", load)
 
 
 def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
@@ -271,17 +304,28 @@ def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
 
 def load_shared_library(plans: list[KernelPlan], path: str) -> CompiledModule:
     library = ctypes.CDLL(os.path.abspath(path))
-    addresses = {}
-    for plan in plans:
-        for symbol in (plan.symbol, plan.entry_symbol):
-            addresses[symbol] = ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
     table = ctypes.addressof(ctypes.c_void_p.in_dll(library, TABLE_SYMBOL))
-    return CompiledModule(plans, addresses, library, "so", table)
+
+    def address(symbol: str) -> int:
+        return ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+
+    def load(plan: KernelPlan) -> NativeCode:
+        try:
+            counters = ctypes.addressof(ctypes.c_int64.in_dll(library, plan.symbol + ".cycles"))
+        except ValueError:
+            counters = None
+        return NativeCode(address(plan.symbol), address(plan.entry_symbol), table, counters,
+                          library)
+
+    module = CompiledModule(plans, "so", load)
+    module.functions  # noqa: B018 -- resolve every symbol now, while the file exists
+    return module
 
 
-def aot_module(plans: list[KernelPlan], parsed: llvm.ModuleRef,
+def aot_module(plans: list[KernelPlan], profile: bool = False,
                keep_path: str | None = None) -> CompiledModule:
     """Build a .so, load it, and (unless `keep_path` is given) remove the file again."""
+    parsed = to_llvm(codegen(plans, profile=profile), pic=True)
     if keep_path is not None:
         link_shared_library(parsed, keep_path)
         return load_shared_library(plans, keep_path)
