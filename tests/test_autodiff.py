@@ -428,6 +428,31 @@ def test_composite_gradient_compiles_and_matches_interpreter(composite_program):
             np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-14)
 
 
+def test_compiled_gradient_with_large_temporaries():
+    # Gradients keep many forward values alive; several temporaries here exceed tilegen's
+    # stack limit and are malloc'ed (regression: the frees were not dominated by the mallocs
+    # when a kernel had two heap temporaries, and LLVM rejected the IR).
+    from tilegen.api import compile_program
+
+    program = program_from_text(f"""
+        fn loss(x: {ktype((256, 96), "F32")}, w: {ktype((96, 128), "F32")}) -> {ktype((), "F32")} {{
+          let h = tanh(matmul(x, w));
+          return sum(sum(mul(softmax(h, axis=1), h), axis=1), axis=0);
+        }}
+        fn g(x: {ktype((256, 96), "F32")}, w: {ktype((96, 128), "F32")})
+            -> ({ktype((), "F32")}, {ktype((96, 128), "F32")}) {{
+          return reverseMode(loss, wrt=[w])(x, w);
+        }}
+        """)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((256, 96)) * 0.1).astype(np.float32)
+    w = (rng.standard_normal((96, 128)) * 0.1).astype(np.float32)
+    expected = interpret(program, "g", x, w)
+    got = compile_program(program, jit=True, names=("g",)).g(x, w)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-4, atol=1e-6)
+
+
 def test_transformed_ir_passes_the_verifier(composite_program):
     for callee, wrt in (("loss", (0, 1, 2, 3)), ("loss", (2, 0)), ("middle", (1,))):
         gradient = gradient_function(composite_program, callee, wrt)

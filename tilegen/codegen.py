@@ -89,6 +89,7 @@ class KernelCodegen:
         for buffer in self.kernel.buffers:
             if buffer.role == "temp":
                 self.pointers[buffer.name] = self._allocate(buffer)
+        self._check_allocations()
         counters = self._profile_counters() if self.profile else None
         for position, stmt in enumerate(self.kernel.body):
             started = self._cycles() if counters is not None else None
@@ -120,11 +121,16 @@ class KernelCodegen:
         pointer = self.b.call(self._malloc(), [ir.Constant(I64, nbytes)],
                               name=f"heap.{buffer.name}")
         self.heap.append(pointer)
-        # Running out of memory ends the call with status -1 instead of a crash.
-        failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
-        with self.b.if_then(failed, likely=False):
-            self._finish(ir.Constant(I64, -1))
         return pointer
+
+    def _check_allocations(self) -> None:
+        # Running out of memory ends the call with status -1 instead of a crash. The checks
+        # come after every malloc so that each malloc dominates its free in the exit block
+        # (free(NULL) is a no-op for the ones that failed).
+        for pointer in self.heap:
+            failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
+            with self.b.if_then(failed, likely=False):
+                self._finish(ir.Constant(I64, -1))
 
     def _profile_counters(self) -> ir.GlobalVariable:
         """Per top-level loop nest cycle counters (TILEGEN_PROFILE): `<symbol>.cycles`."""
