@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 
 from kina_frontend import Program, Source, check_source, load_source, specialize
+from kina_frontend.tensor_ir import format_program
 
 from . import config
+from .cache import MEMORY, DiskCache, cache_key
 from .pipeline import plan_program
 from .runtime import CompiledModule, aot_module, jit_module
 
@@ -15,20 +17,43 @@ def compile_program(program: Program, jit: bool = True, output: str | None = Non
                     names: tuple[str, ...] | None = None) -> CompiledModule:
     """Compile concrete tensor IR. `jit=True` stays in memory; `jit=False` builds a shared
     library (kept at `output` if given, otherwise in a temporary folder that is removed)."""
-    settings = config.load()
-    plans = plan_program(program, names, settings)
-    if jit and output is None:
-        return jit_module(plans, settings.profile)
-    return aot_module(plans, settings.profile, keep_path=output)
+    text = format_program(program, with_locations=True)
+    return _compile(f"<program {names or ''}>", text, lambda: program, jit, output, names)
 
 
 def compile_source(text: str, name: str = "<string>", jit: bool = True,
                    output: str | None = None) -> CompiledModule:
-    return compile_program(specialize(check_source(Source(name, text))), jit, output)
+    return _compile(name, text, lambda: specialize(check_source(Source(name, text))), jit,
+                    output)
 
 
 def compile_file(path: str | os.PathLike, jit: bool = True,
                  output: str | None = None) -> CompiledModule:
     """Compile a .kina file (or a bundled example name) into a module whose attributes are
     its functions; each takes NumPy arrays positionally and returns an array or a tuple."""
-    return compile_program(specialize(check_source(load_source(path))), jit, output)
+    source = load_source(path)
+    return _compile(source.name, source.text,
+                    lambda: specialize(check_source(source)), jit, output)
+
+
+def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
+             names: tuple[str, ...] | None = None) -> CompiledModule:
+    settings = config.load()
+    key = cache_key(name, f"{text}\0{names}", settings, jit)
+    if output is None:
+        cached = MEMORY.get(key)
+        if cached is not None:
+            return cached
+    disk = DiskCache(settings.cache_dir) if settings.cache_dir and jit else None
+    plans = disk.load_plans(key) if disk is not None else None
+    if plans is None:
+        plans = plan_program(frontend(), names, settings)
+        if disk is not None:
+            disk.store_plans(key, plans)
+    if jit and output is None:
+        module = jit_module(plans, settings.profile, disk, key)
+    else:
+        module = aot_module(plans, settings.profile, keep_path=output)
+    if output is None:
+        MEMORY.put(key, module)
+    return module

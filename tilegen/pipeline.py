@@ -110,6 +110,12 @@ def assembly(parsed: llvm.ModuleRef) -> str:
         return target_machine(False).emit_assembly(parsed)
 
 
+def jit_object_code(parsed: llvm.ModuleRef) -> bytes:
+    """Object code for the in-process JIT (non-PIC, as MCJIT would generate it)."""
+    with LLVM_LOCK:
+        return target_machine(False).emit_object(parsed)
+
+
 def object_code(parsed: llvm.ModuleRef) -> bytes:
     with LLVM_LOCK:
         return target_machine(True).emit_object(parsed)

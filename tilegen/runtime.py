@@ -26,7 +26,7 @@ import numpy as np
 from kina_frontend.diagnostics import KinaError
 
 from .fastcall import TABLE_SYMBOL, fill_runtime_table, layout_is_supported, make_builtin
-from .pipeline import KernelPlan, codegen, object_code, to_llvm
+from .pipeline import KernelPlan, codegen, jit_object_code, object_code, to_llvm
 from .target import LLVM_LOCK, new_target_machine
 
 
@@ -252,17 +252,31 @@ def _load_openmp_runtime() -> None:
     llvm.load_library_permanently(path)
 
 
-def jit_module(plans: list[KernelPlan], profile: bool = False) -> CompiledModule:
-    """In-process MCJIT, one engine per function, compiled on first use; nothing touches
-    the disk."""
+def jit_module(plans: list[KernelPlan], profile: bool = False, disk=None,
+               key: str | None = None) -> CompiledModule:
+    """In-process MCJIT, one engine per function, compiled on first use. Nothing touches
+    the disk unless a DiskCache is given (TILEGEN_CACHE_DIR), which supplies and keeps
+    each function's object code."""
     _load_openmp_runtime()
 
+    def engine_for(plan: KernelPlan):
+        if disk is None:
+            parsed = to_llvm(codegen([plan], profile=profile))
+            with LLVM_LOCK:
+                # The engine owns (and frees) its target machine: a fresh one each time.
+                engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
+                engine.finalize_object()
+            return engine
+        cached = disk.load_object(key, plan.symbol)  # checksummed: damage reads as a miss
+        if cached is not None:
+            return _engine_from_object(cached)
+        data = jit_object_code(to_llvm(codegen([plan], profile=profile)))
+        disk.store_object(key, plan.symbol, data)
+        return _engine_from_object(data)
+
     def load(plan: KernelPlan) -> NativeCode:
-        parsed = to_llvm(codegen([plan], profile=profile))
+        engine = engine_for(plan)
         with LLVM_LOCK:
-            # The engine owns (and frees) the target machine it is given: a fresh one.
-            engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
-            engine.finalize_object()
             kernel = engine.get_function_address(plan.symbol)
             entry = engine.get_function_address(plan.entry_symbol)
             table = engine.get_global_value_address(TABLE_SYMBOL)
@@ -271,6 +285,14 @@ def jit_module(plans: list[KernelPlan], profile: bool = False) -> CompiledModule
         return NativeCode(kernel, entry, table, counters or None, engine)
 
     return CompiledModule(plans, "jit", load)
+
+
+def _engine_from_object(data: bytes):
+    with LLVM_LOCK:
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine(False))
+        engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+        engine.finalize_object()
+    return engine
 
 
 def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
