@@ -40,7 +40,7 @@ from kina_frontend.verify import IRVerifyError, verify_function, verify_program
 SIZES = st.sampled_from([1, 2, 3])
 SEEDS = st.integers(0, 2**31 - 1)
 FD_STEP = 1e-6
-FD_SETTINGS = settings(max_examples=8, deadline=None,
+FD_SETTINGS = settings(max_examples=12, deadline=None,
                        suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -257,7 +257,7 @@ def test_vjp_matches_finite_differences(opname, data, seed):
 
 
 @pytest.mark.parametrize("opname", GRADIENT_CASES)
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), seed=SEEDS)
 def test_vjp_matches_torch_autograd(opname, data, seed):
     torch = pytest.importorskip("torch")

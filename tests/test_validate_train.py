@@ -53,11 +53,13 @@ def rows(stdout: str) -> dict[str, str]:
 
 
 def test_jit_validation_passes_with_plot_and_save(tmp_path):
-    work = tmp_path / "cwd"
+    work, temp = tmp_path / "cwd", tmp_path / "tmp"
     work.mkdir()
+    temp.mkdir()
     plot = tmp_path / "out" / "loss.png"
     saved = tmp_path / "trained"
-    result = run_script("--jit", "--plot", str(plot), "--save", str(saved), cwd=work)
+    result = run_script("--jit", "--plot", str(plot), "--save", str(saved), cwd=work,
+                        env=dict(os.environ, TMPDIR=str(temp)))
     assert result.returncode == 0, result.stdout + result.stderr
     table = rows(result.stdout)
     for label in EXPECTED_PASS_ROWS:
@@ -71,8 +73,9 @@ def test_jit_validation_passes_with_plot_and_save(tmp_path):
                                        r"\(final\)", result.stdout).groups())
     assert init == pytest.approx(25.67, abs=0.01) and final < 0.5
     assert "train" in result.stderr  # the tqdm bar (or its plain fallback) is on stderr
-    # --jit writes nothing but what was asked for.
+    # --jit writes nothing but what was asked for: no .so, .o or temporary files.
     assert list(work.iterdir()) == []
+    assert list(temp.iterdir()) == []
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in plot.parent.iterdir()) == ["loss.png"]
     from storylm import fixture
