@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .diagnostics import KinaError
+from .diagnostics import KinaError, Span
 from .ops import REGISTRY
 from .tensor_ir import Function, Operation, Program, Value, make_attrs
 from .transforms import inline_calls
@@ -55,7 +55,7 @@ class Builder:
         self.ops: list[Operation] = []
         self._used = set(used_names)
         self.hint = "g"  # base of the next result names (the driver sets it per rule)
-        self.span = None  # source span stamped on emitted operations
+        self.span: Span | None = None  # source span stamped on emitted operations
 
     def fresh(self, hint: str) -> str:
         name, suffix = hint, 1

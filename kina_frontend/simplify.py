@@ -44,6 +44,18 @@ def _is_fill(value: Value, defs: Defs, number: float) -> bool:
     return filled is not None and filled == number
 
 
+def _ints(op: Operation, key: str) -> tuple[int, ...]:
+    value = op.attr(key)
+    assert isinstance(value, tuple), (op.op, key)
+    return tuple(int(v) for v in value)
+
+
+def _int(op: Operation, key: str) -> int:
+    value = op.attr(key)
+    assert isinstance(value, int), (op.op, key)
+    return value
+
+
 def _with_op(op: Operation, opname: str, operands: tuple[Value, ...], **attrs) -> Operation:
     return Operation(opname, operands, op.results, make_attrs(**attrs), op.span)
 
@@ -59,7 +71,7 @@ def fold_noop_layout(op: Operation, defs: Defs):
     """reshape / broadcast to the operand's own shape, transpose by the identity: the operand."""
     if op.op in ("reshape", "broadcast") and types_equal(op.operands[0].type, op.result.type):
         return op.operands[0]
-    if op.op == "transpose" and tuple(op.attr("perm")) == tuple(range(len(op.attr("perm")))):
+    if op.op == "transpose" and _ints(op, "perm") == tuple(range(len(_ints(op, "perm")))):
         return op.operands[0]
     return None
 
@@ -74,14 +86,14 @@ def fold_layout_chains(op: Operation, defs: Defs):
         return None
     source = inner.operands[0]
     if op.op == "transpose":
-        first, second = inner.attr("perm"), op.attr("perm")
+        first, second = _ints(inner, "perm"), _ints(op, "perm")
         composed = tuple(first[axis] for axis in second)
         if composed == tuple(range(len(composed))):
             return source
         return _with_op(op, "transpose", (source,), perm=composed)
     if types_equal(source.type, op.result.type):
         return source
-    return _with_op(op, op.op, (source,), shape=tuple(op.attr("shape")))
+    return _with_op(op, op.op, (source,), shape=op.result.type.shape)
 
 
 def fold_unit_sum(op: Operation, defs: Defs):
@@ -89,7 +101,7 @@ def fold_unit_sum(op: Operation, defs: Defs):
     if op.op != "sum":
         return None
     (x,) = op.operands
-    if not dims_equal(x.type.shape[op.attr("axis")], 1):
+    if not dims_equal(x.type.shape[_int(op, "axis")], 1):
         return None
     return _with_op(op, "reshape", (x,), shape=tuple(op.result.type.shape))
 

@@ -157,7 +157,11 @@ def _expected_types(program, function, op: Operation, fail) -> tuple[TensorType,
                            f"@{callee_name}'s parameter %{param.name}: {param.type}")
         if op.op == "call":
             return callee.result_types
-        return callee.result_types + tuple(callee.params[i].type for i in op.attr("wrt"))
+        wrt = op.attr("wrt")
+        if not isinstance(wrt, tuple) or not all(
+                isinstance(i, int) and 0 <= i < len(callee.params) for i in wrt):
+            raise fail(f"'reverse_mode' has a bad wrt list {wrt!r} for @{callee_name}")
+        return callee.result_types + tuple(callee.params[i].type for i in wrt)
     attrs = dict(op.attrs)
     try:
         return infer_types(op.op, [v.type for v in op.operands], attrs)

@@ -142,8 +142,13 @@ def _report_compile(how: str, started: float) -> None:
 
 # ---- the host loop ------------------------------------------------------------------------
 
+# (token_ids, targets, embed, wq, wk, wv, wo, lm_head, causal_mask, scale)
+StepArguments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                      np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 def step_arguments(weights: dict[str, np.ndarray], window: fixture.Window,
-                   mask: np.ndarray) -> tuple[np.ndarray, ...]:
+                   mask: np.ndarray) -> StepArguments:
     """storylm0_nll_step's arguments without lr:
     (token_ids, targets, embed, wq, wk, wv, wo, lm_head, causal_mask, scale)."""
     return (window.id_array(), window.target_array(), weights["embed"], weights["wq"],
