@@ -3,7 +3,8 @@
 TILEGEN_NUM_THREADS  threads for parallel loops (default: all cores; 1 disables)
 TILEGEN_CACHE_DIR    opt-in on-disk cache of compiled object code (unset: memory only)
 TILEGEN_PROFILE      1: count cycles per top-level loop nest (see tilegen.profile)
-TILEGEN_AUTOTUNE     0: skip measuring tile candidates, use the deterministic default
+TILEGEN_AUTOTUNE     1: time matmul tile candidates once per shape and keep the fastest
+                     (default 0: the deterministic default tiles, no timing at compile)
 """
 
 from __future__ import annotations
@@ -48,4 +49,4 @@ def load() -> Config:
     return Config(num_threads=_int("TILEGEN_NUM_THREADS", cores),
                   cache_dir=os.environ.get("TILEGEN_CACHE_DIR") or None,
                   profile=_flag("TILEGEN_PROFILE", False),
-                  autotune=_flag("TILEGEN_AUTOTUNE", True))
+                  autotune=_flag("TILEGEN_AUTOTUNE", False))

@@ -156,8 +156,14 @@ class LowerContext:
         batch_extents = a_shape[:-2]
         batch = tuple(self.var(e, "b") for e in batch_extents)
         i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")
-        tiles = gemm_module.default_tiles(dtype, m, n, k)
         threads = self.options.num_threads if 2 * m * n * k >= GEMM_PARALLEL_WORK else 1
+        if self.options.autotune:
+            from . import autotune
+
+            tiles = autotune.choose(dtype, batch_extents, m, n, k, threads,
+                                    self.options.cache_dir)
+        else:
+            tiles = gemm_module.default_tiles(dtype, m, n, k)
         return L.Gemm(out, batch, batch_extents, i, j, kk, m, n, k, a.at(batch + (i, kk)),
                       b.at(batch + (kk, j)), dtype, tiles, threads)
 
