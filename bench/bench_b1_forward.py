@@ -40,21 +40,21 @@ def _guard(model: storylm_data.Model, ids: np.ndarray):
     return lambda logits: check_close(f"{GROUP} logits", logits, expected, rtol=1e-5)
 
 
-def _tilegen(model, ids, kina_modules) -> Case:
-    function = kina_modules(PROGRAM).storylm0_rollout
+def _tilegen(model, ids, kina_function) -> Case:
+    function = kina_function(PROGRAM, "storylm0_rollout")
     args = model.forward_args(ids)
     out = np.empty((1, model.length, model.vocab), np.float32)
     return Case(lambda: function(*args, out=out), _guard(model, ids), tilegen_threads())
 
 
-def _numpy(model, ids, kina_modules) -> Case:
+def _numpy(model, ids, kina_function) -> Case:
     from bench.peers import numpy_storylm
     args = model.forward_args(ids)
     return Case(lambda: numpy_storylm.forward(*args, heads=model.heads), _guard(model, ids),
                 numpy_threads())
 
 
-def _torch(model, ids, kina_modules, compiled: bool = False) -> Case:
+def _torch(model, ids, kina_function, compiled: bool = False) -> Case:
     need("torch")
     from bench.peers import torch_storylm
     args = torch_storylm.tensors(*model.forward_args(ids))
@@ -72,7 +72,7 @@ def _torch(model, ids, kina_modules, compiled: bool = False) -> Case:
                 TINY_TORCH_THREADS, context=tiny_torch_threads, extra=extra)
 
 
-def _jax(model, ids, kina_modules) -> Case:
+def _jax(model, ids, kina_function) -> Case:
     need("jax")
     from bench.peers import jax_storylm
     forward = jax_storylm.jit_forward(model.heads)
@@ -83,7 +83,7 @@ def _jax(model, ids, kina_modules) -> Case:
                 xla_threads(), extra={"compile_s": compile_s})
 
 
-def _numba(model, ids, kina_modules) -> Case:
+def _numba(model, ids, kina_function) -> Case:
     need("numba")
     from bench.peers import numba_storylm
     args = model.forward_args(ids)
@@ -108,8 +108,8 @@ BUILDERS = {
 
 
 @pytest.mark.parametrize("provider", list(BUILDERS))
-def test_b1_forward(benchmark, provider, storylm0_t36, kina_modules, full_run_only):
+def test_b1_forward(benchmark, provider, storylm0_t36, kina_function, full_run_only):
     if provider == TORCH_COMPILE:
         full_run_only("torch.compile's first compile costs 10-30 s")
-    case = BUILDERS[provider](storylm0_t36, storylm_data.rollout_ids(), kina_modules)
+    case = BUILDERS[provider](storylm0_t36, storylm_data.rollout_ids(), kina_function)
     measure(benchmark, GROUP, provider, case, units=1, unit="call")

@@ -64,8 +64,8 @@ def _guard(model: storylm_data.Model):
     return check
 
 
-def _tilegen(model, kina_modules) -> Case:
-    step = kina_modules(PROGRAM, pending="reverseMode").storylm0_nll_step
+def _tilegen(model, kina_function) -> Case:
+    step = kina_function(PROGRAM, "storylm0_nll_step", needs_autodiff=True)
     constants = (model.mask, model.scale, model.lr)
     buffers = [tuple(np.empty(shape, np.float32) for shape in
                      [(), *(w.shape for w in model.weights())]) for _ in range(2)]
@@ -83,7 +83,7 @@ def _tilegen(model, kina_modules) -> Case:
     return Case(train, _guard(model), tilegen_threads())
 
 
-def _numpy(model, kina_modules) -> Case:
+def _numpy(model, kina_function) -> Case:
     from bench.peers import numpy_storylm
     constants = (model.mask, model.scale, model.lr)
     plan = _schedule()
@@ -98,7 +98,7 @@ def _numpy(model, kina_modules) -> Case:
     return Case(train, _guard(model), numpy_threads())
 
 
-def _torch(model, kina_modules, compiled: bool = False) -> Case:
+def _torch(model, kina_function, compiled: bool = False) -> Case:
     need("torch")
     from bench.peers import torch_storylm
     initial = torch_storylm.tensors(*model.weights())
@@ -127,7 +127,7 @@ def _torch(model, kina_modules, compiled: bool = False) -> Case:
                 TINY_TORCH_THREADS, context=tiny_torch_threads, extra=extra)
 
 
-def _jax(model, kina_modules, fori: bool = False) -> Case:
+def _jax(model, kina_function, fori: bool = False) -> Case:
     jax = need("jax")
     from bench.peers import jax_storylm
     initial = jax_storylm.device(*model.weights())
@@ -163,7 +163,7 @@ def _jax(model, kina_modules, fori: bool = False) -> Case:
     return Case(train, check_jax, xla_threads(), extra={"compile_s": compile_s})
 
 
-def _numba(model, kina_modules) -> Case:
+def _numba(model, kina_function) -> Case:
     need("numba")
     from bench.peers import numba_storylm
     buffers = [tuple(np.empty(w.shape, np.float32) for w in model.weights()) for _ in range(2)]
@@ -194,8 +194,8 @@ BUILDERS = {
 
 
 @pytest.mark.parametrize("provider", list(BUILDERS))
-def test_b2_train(benchmark, provider, storylm0_t4, kina_modules, full_run_only):
+def test_b2_train(benchmark, provider, storylm0_t4, kina_function, full_run_only):
     if provider == TORCH_COMPILE:
         full_run_only("torch.compile of the training step costs ~30 s")
-    case = BUILDERS[provider](storylm0_t4, kina_modules)
+    case = BUILDERS[provider](storylm0_t4, kina_function)
     measure(benchmark, GROUP, provider, case, units=STEPS, unit="step")

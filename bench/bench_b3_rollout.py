@@ -50,9 +50,9 @@ def _guard(model: storylm_data.Model):
                                       expected)
 
 
-def _tilegen(model, kina_modules) -> Case:
-    module = kina_modules(PROGRAM)
-    forward, greedy = module.storylm0_rollout, module.greedy_row
+def _tilegen(model, kina_function) -> Case:
+    forward = kina_function(PROGRAM, "storylm0_rollout")
+    greedy = kina_function(PROGRAM, "greedy_row")
     initial = storylm_data.rollout_ids()
     tokens = initial.copy()
     logits = np.empty((1, model.length, model.vocab), np.float32)
@@ -71,7 +71,7 @@ def _tilegen(model, kina_modules) -> Case:
     return Case(rollout, _guard(model), tilegen_threads())
 
 
-def _numpy(model, kina_modules) -> Case:
+def _numpy(model, kina_function) -> Case:
     from bench.peers import numpy_storylm
     initial = storylm_data.rollout_ids()
     weights = model.forward_args(initial)[1:]
@@ -86,7 +86,7 @@ def _numpy(model, kina_modules) -> Case:
     return Case(rollout, _guard(model), numpy_threads())
 
 
-def _torch(model, kina_modules, compiled: bool = False) -> Case:
+def _torch(model, kina_function, compiled: bool = False) -> Case:
     torch = need("torch")
     from bench.peers import torch_storylm
     initial = torch.from_numpy(storylm_data.rollout_ids())
@@ -113,7 +113,7 @@ def _torch(model, kina_modules, compiled: bool = False) -> Case:
                 context=tiny_torch_threads, extra=extra)
 
 
-def _jax(model, kina_modules, fori: bool = False) -> Case:
+def _jax(model, kina_function, fori: bool = False) -> Case:
     need("jax")
     from bench.peers import jax_storylm
     initial, *weights = jax_storylm.device(*model.forward_args(storylm_data.rollout_ids()))
@@ -139,7 +139,7 @@ def _jax(model, kina_modules, fori: bool = False) -> Case:
                 extra={"compile_s": compile_s})
 
 
-def _numba(model, kina_modules) -> Case:
+def _numba(model, kina_function) -> Case:
     need("numba")
     from bench.peers import numba_storylm
     initial = storylm_data.rollout_ids()
@@ -169,8 +169,8 @@ BUILDERS = {
 
 
 @pytest.mark.parametrize("provider", list(BUILDERS))
-def test_b3_rollout(benchmark, provider, storylm0_t36, kina_modules, full_run_only):
+def test_b3_rollout(benchmark, provider, storylm0_t36, kina_function, full_run_only):
     if provider == TORCH_COMPILE:
         full_run_only("torch.compile's first compile costs 10-30 s")
-    case = BUILDERS[provider](storylm0_t36, kina_modules)
+    case = BUILDERS[provider](storylm0_t36, kina_function)
     measure(benchmark, GROUP, provider, case, units=STEPS, unit="token")

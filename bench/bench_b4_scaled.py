@@ -84,20 +84,20 @@ def _step_guard(model, reference):
 # --------------------------------------------------------------------------- forward
 
 
-def _forward_tilegen(model, ids, reference, kina_modules) -> Case:
-    function = kina_modules(PROGRAM, needs_autodiff=True).storylm_scaled_forward
+def _forward_tilegen(model, ids, reference, kina_function) -> Case:
+    function = kina_function(PROGRAM, "storylm_scaled_forward", needs_autodiff=True)
     args = model.forward_args(ids)
     out = np.empty((1, model.length, model.vocab), np.float32)
     return Case(lambda: function(*args, out=out), _forward_guard(reference), tilegen_threads())
 
 
-def _forward_numpy(model, ids, reference, kina_modules) -> Case:
+def _forward_numpy(model, ids, reference, kina_function) -> Case:
     args = model.forward_args(ids)
     return Case(lambda: numpy_storylm.forward(*args, heads=model.heads),
                 _forward_guard(reference), numpy_threads())
 
 
-def _forward_torch(model, ids, reference, kina_modules, compiled: bool = False) -> Case:
+def _forward_torch(model, ids, reference, kina_function, compiled: bool = False) -> Case:
     torch = need("torch")
     from bench.peers import torch_storylm
     args = torch_storylm.tensors(*model.forward_args(ids))
@@ -115,7 +115,7 @@ def _forward_torch(model, ids, reference, kina_modules, compiled: bool = False) 
                 torch.get_num_threads(), extra=extra)
 
 
-def _forward_jax(model, ids, reference, kina_modules) -> Case:
+def _forward_jax(model, ids, reference, kina_function) -> Case:
     need("jax")
     from bench.peers import jax_storylm
     forward = jax_storylm.jit_forward(model.heads)
@@ -137,34 +137,34 @@ FORWARD_BUILDERS = {
 
 @pytest.mark.benchmark(min_rounds=10)
 @pytest.mark.parametrize("provider", list(FORWARD_BUILDERS))
-def test_b4_forward(benchmark, provider, scaled, scaled_reference, kina_modules,
+def test_b4_forward(benchmark, provider, scaled, scaled_reference, kina_function,
                     full_run_only):
     if provider == TORCH_COMPILE:
         full_run_only("torch.compile's first compile costs 10-30 s")
     model, ids, _ = scaled
-    case = FORWARD_BUILDERS[provider](model, ids, scaled_reference, kina_modules)
+    case = FORWARD_BUILDERS[provider](model, ids, scaled_reference, kina_function)
     measure(benchmark, FORWARD_GROUP, provider, case, units=1, unit="call")
 
 
 # --------------------------------------------------------------------------- training step
 
 
-def _step_tilegen(model, ids, targets, reference, kina_modules) -> Case:
-    step = kina_modules(PROGRAM, needs_autodiff=True).storylm_scaled_nll_step
+def _step_tilegen(model, ids, targets, reference, kina_function) -> Case:
+    step = kina_function(PROGRAM, "storylm_scaled_nll_step", needs_autodiff=True)
     args = (ids, targets, *model.weights(), model.mask, model.scale)
     out = (np.empty((), np.float32), *(np.empty_like(w) for w in model.weights()))
     return Case(lambda: step(*args, model.lr, out=out), _step_guard(model, reference),
                 tilegen_threads(), guard_call=lambda: step(*args, GUARD_LR))
 
 
-def _step_numpy(model, ids, targets, reference, kina_modules) -> Case:
+def _step_numpy(model, ids, targets, reference, kina_function) -> Case:
     args = (ids, targets, *model.weights(), model.mask, model.scale)
     return Case(lambda: numpy_storylm.nll_step(*args, model.lr, heads=model.heads),
                 _step_guard(model, reference), numpy_threads(),
                 guard_call=lambda: numpy_storylm.nll_step(*args, GUARD_LR, heads=model.heads))
 
 
-def _step_torch(model, ids, targets, reference, kina_modules, compiled: bool = False) -> Case:
+def _step_torch(model, ids, targets, reference, kina_function, compiled: bool = False) -> Case:
     torch = need("torch")
     from bench.peers import torch_storylm
     args = torch_storylm.tensors(ids, targets, *model.weights(), model.mask, model.scale)
@@ -184,7 +184,7 @@ def _step_torch(model, ids, targets, reference, kina_modules, compiled: bool = F
                 torch.get_num_threads(), extra=extra, guard_call=lambda: step(*args, guard_lr))
 
 
-def _step_jax(model, ids, targets, reference, kina_modules) -> Case:
+def _step_jax(model, ids, targets, reference, kina_function) -> Case:
     jax = need("jax")
     from bench.peers import jax_storylm
     step = jax_storylm.jit_step(model.heads)
@@ -212,9 +212,9 @@ STEP_BUILDERS = {
 
 @pytest.mark.benchmark(min_rounds=10)
 @pytest.mark.parametrize("provider", list(STEP_BUILDERS))
-def test_b4_train_step(benchmark, provider, scaled, scaled_reference, kina_modules,
+def test_b4_train_step(benchmark, provider, scaled, scaled_reference, kina_function,
                        full_run_only):
     full_run_only("one scaled training step per provider (and its compile) is too slow for CI")
     model, ids, targets = scaled
-    case = STEP_BUILDERS[provider](model, ids, targets, scaled_reference, kina_modules)
+    case = STEP_BUILDERS[provider](model, ids, targets, scaled_reference, kina_function)
     measure(benchmark, STEP_GROUP, provider, case, units=1, unit="step")

@@ -34,8 +34,16 @@ TORCH_COMPILE = "torch.compile"
 JAX = "jax"
 JAX_FORI = "jax-fori"
 NUMBA = "numba"
+# B6 compile time: tilegen in a fresh interpreter, and again in the same process; the peers'
+# first-call compile of the same StoryLM-0 forward in a fresh interpreter.
+TILEGEN_COLD = "tilegen-cold"
+TILEGEN_SAME_PROCESS = "tilegen-same-process"
+TORCH_COMPILE_COLD = "torch.compile-cold"
+JAX_COLD = "jax-cold"
+NUMBA_COLD = "numba-cold"
 PROVIDERS = (TILEGEN, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA, TORCH_COMPILE, JAX,
-             JAX_FORI, NUMBA)
+             JAX_FORI, NUMBA, TILEGEN_COLD, TILEGEN_SAME_PROCESS, TORCH_COMPILE_COLD,
+             JAX_COLD, NUMBA_COLD)
 
 SHORT_MODE_NOTE = "short mode (--benchmark-disable)"
 
@@ -73,9 +81,14 @@ def numpy_threads() -> int:
     return counts[0] if counts else 1
 
 
-def tilegen_threads() -> str:
-    """tilegen's thread setting: TILEGEN_NUM_THREADS when set, else the compiler's default."""
-    return os.environ.get("TILEGEN_NUM_THREADS", "default")
+def tilegen_threads() -> int | str:
+    """tilegen's thread count for parallel loops (its config: TILEGEN_NUM_THREADS, default
+    all cores; tiny kernels stay single-threaded whatever this says)."""
+    try:
+        from tilegen import config
+    except ImportError:  # a tilegen without the config module
+        return os.environ.get("TILEGEN_NUM_THREADS", "default")
+    return config.load().num_threads
 
 
 def xla_threads() -> int:

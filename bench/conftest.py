@@ -18,7 +18,7 @@ LIBRARIES = ("tilegen", "llvmlite", "numpy", "torch", "jax", "jaxlib", "numba",
 # Environment knobs that change what the peers or tilegen run.
 ENV_KNOBS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TILEGEN_NUM_THREADS", "TILEGEN_CACHE_DIR",
-             "XLA_FLAGS")
+             "TILEGEN_AUTOTUNE", "XLA_FLAGS")
 
 
 @pytest.fixture(scope="session")
@@ -39,30 +39,37 @@ def full_run_only(short_mode):
 
 
 @pytest.fixture(scope="session")
-def kina_modules():
-    """tilegen modules compiled once per session, by path.
+def kina_function():
+    """`get(path, name)`: a tilegen-compiled function; each program is compiled once per
+    session and each function turned into machine code on first use (tilegen's JIT is lazy
+    per function).
 
-    With `needs_autodiff=True` (training programs, while reverseMode is still landing) a K700
-    autodiff diagnostic skips the benchmark, quoting it. A K800 internal lowering error is a
-    known-bug xfail that quotes the error (the run stays green and the report shows the gap;
-    the generated-program tests in tests/ are where the backend's bugs fail). Any other
+    A compile error of kind K700 (autodiff) with `needs_autodiff=True` (training programs,
+    while reverseMode is landing) skips the benchmark, quoting it. A K800 internal lowering
+    error is a known-bug xfail that quotes the error: the run stays green and the report
+    shows the gap, while the backend's own tests in tests/ are where such bugs fail. Any other
     compile error fails the benchmark."""
-    cache = {}
+    modules = {}
+    functions = {}
 
-    def get(path, needs_autodiff: bool = False):
-        if path not in cache:
+    def get(path, name: str, needs_autodiff: bool = False):
+        key = (path, name)
+        if key not in functions:
             try:
-                cache[path] = compile_kina(path)
+                if path not in modules:
+                    modules[path] = compile_kina(path)
+                functions[key] = getattr(modules[path], name)
             except KinaError as error:
-                cache[path] = error
-        compiled = cache[path]
+                functions[key] = error
+        compiled = functions[key]
         if isinstance(compiled, KinaError):
+            first_line = str(compiled).splitlines()[0]
             if needs_autodiff and compiled.kind == "autodiff":
-                first_line = str(compiled).splitlines()[0]
                 pytest.skip(f"tilegen cannot differentiate {path.name} yet: {first_line}")
             if compiled.kind == "lowering":
-                detail = " / ".join(str(compiled).splitlines()[:2])
-                pytest.xfail(f"tilegen internal error compiling {path.name}: {detail}")
+                detail = " / ".join(line.strip() for line in str(compiled).splitlines()[:2])
+                pytest.xfail(f"tilegen internal error compiling {name} ({path.name}): "
+                             f"{detail}")
             raise compiled
         return compiled
 
