@@ -604,6 +604,8 @@ class KernelCodegen:
 
         if reduce.op == "argmax":
             inits = [typed(self._identity("max", body_dtype)), typed(ir.Constant(I64, 0))]
+        elif reduce.op == "max" and body_dtype in L.FLOAT_TYPES:
+            inits = [typed(self._identity("max", body_dtype)), typed(ir.Constant(I1, 0))]
         else:
             inits = [typed(self._identity(reduce.op, reduce.dtype))]
 
@@ -617,11 +619,30 @@ class KernelCodegen:
             return self._combine(reduce.op, carried, value, index, body_dtype, varying)
 
         final = self._loop(0, reduce.extent, 1, inits, body)
-        return Val(final[-1] if reduce.op == "argmax" else final[0], varying)
+        if reduce.op == "argmax":
+            return Val(final[-1], varying)
+        if reduce.op == "max" and body_dtype in L.FLOAT_TYPES:
+            return Val(self._nan_if(final[1], final[0], body_dtype), varying)
+        return Val(final[0], varying)
+
+    def _nan_if(self, flag: ir.Value, value: ir.Value, dtype: str) -> ir.Value:
+        nan = _const(dtype, float("nan"))
+        if isinstance(value.type, ir.VectorType):
+            nan = ir.Constant(value.type, [nan.constant] * value.type.count)
+        return self.b.select(flag, nan, value)
 
     def _combine(self, op: str, carried, value: Val, index, dtype: str, varying: bool):
         if op == "sum":
             return [self._binary("add", Val(carried[0], varying), value, dtype).value]
+        if op == "max" and dtype in L.FLOAT_TYPES:
+            # A plain compare-and-select max (one vmaxps) and a separate NaN flag: cheaper
+            # than llvm.maximum's NaN handling at every step; the flag makes the result NaN
+            # at the end, as numpy's max does.
+            best = Val(carried[0], varying)
+            greater = self._binary("gt", value, best, dtype)
+            is_nan = self._binary("ne", value, value, dtype)
+            return [self.b.select(greater.value, value.value, best.value),
+                    self.b.or_(carried[1], is_nan.value)]
         if op == "max":
             return [self._binary("max", Val(carried[0], varying), value, dtype).value]
         best, best_index = carried
@@ -648,6 +669,7 @@ class KernelCodegen:
         identity = self._identity(reduce.op, dtype)
         init = ir.Constant(vtype, [identity.constant] * width)
         main = reduce.extent // width * width
+        float_max = reduce.op == "max" and dtype in L.FLOAT_TYPES
 
         def tile(base, mask, carried):
             saved = self.lane
@@ -661,7 +683,8 @@ class KernelCodegen:
             self.lane = saved
             return combined
 
-        carried = [init]
+        carried = [init, ir.Constant(ir.VectorType(I1, width), [0] * width)] if float_max \
+            else [init]
         if main:
             carried = self._loop(0, main, width, carried,
                                  lambda index, acc: tile(index, None, acc))
@@ -680,10 +703,18 @@ class KernelCodegen:
             else:
                 intrinsic = self._intrinsic(name, SCALAR_LLVM[dtype], [vtype], overload=(vtype,))
                 result = self.b.call(intrinsic, [accumulator])
+        elif float_max:
+            # The accumulator holds no NaN (see _combine): maxnum's plain vmaxps tree.
+            intrinsic = self._intrinsic("llvm.vector.reduce.fmax", SCALAR_LLVM[dtype], [vtype],
+                                        overload=(vtype,))
+            result = self.b.call(intrinsic, [accumulator], fastmath=("nnan",))
+            flags = carried[1]
+            any_nan = self.b.icmp_unsigned("!=", self.b.bitcast(flags, ir.IntType(width)),
+                                           ir.Constant(ir.IntType(width), 0))
+            result = self._nan_if(any_nan, result, dtype)
         else:
-            name = "llvm.vector.reduce.fmaximum" if dtype in L.FLOAT_TYPES else \
-                "llvm.vector.reduce.smax"
-            intrinsic = self._intrinsic(name, SCALAR_LLVM[dtype], [vtype], overload=(vtype,))
+            intrinsic = self._intrinsic("llvm.vector.reduce.smax", SCALAR_LLVM[dtype], [vtype],
+                                        overload=(vtype,))
             result = self.b.call(intrinsic, [accumulator])
         return Val(result, False)
 

@@ -16,7 +16,7 @@ from .affine import to_affine
 # Loops shorter than this stay scalar: a masked tile would be mostly idle lanes.
 MIN_VECTOR_EXTENT = {L.F32: 8, L.F64: 4, L.I64: 4}
 MAX_WIDTH = {L.F32: 16, L.F64: 8, L.I64: 8}
-MIN_REDUCE_EXTENT = 16
+MIN_REDUCE_EXTENT = 8
 
 
 def vector_width(dtype: str, extent: int) -> int:
