@@ -21,6 +21,11 @@ ENV_KNOBS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
              "TILEGEN_AUTOTUNE", "XLA_FLAGS")
 
 
+# The machine's load when the suite was collected: the cores may be shared (other jobs skew
+# multi-threaded peers the most), so the report shows it next to the numbers.
+LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
 @pytest.fixture(scope="session")
 def short_mode(request) -> bool:
     """True under --benchmark-disable (CI): each benchmark body runs once."""
@@ -118,6 +123,9 @@ def machine_facts() -> dict:
         "llvm_host_cpu": llvm.get_host_cpu_name(),
         "llvm_version": ".".join(map(str, llvm.llvm_version_info)),
         "cpu_count": os.cpu_count(),
+        "cpu_features": llvm.get_host_cpu_features().flatten(),
+        "load_average_start": LOAD_AT_START,
+        "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "threadpools": pools,
         "environment": {name: os.environ.get(name) for name in ENV_KNOBS},
         "versions": versions,

@@ -1,0 +1,78 @@
+"""bench/report.py on a synthetic run: ratios, verdicts from the numbers, atomic outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import report
+
+
+def _bench(group, provider, median, **extra):
+    return {"group": group, "name": f"test[{provider}]", "param": provider,
+            "extra_info": {"provider": provider, "threads": 1, **extra},
+            "stats": {"median": median, "iqr": median / 10, "rounds": 7}}
+
+
+def _run():
+    return {
+        "datetime": "2026-01-01T00:00:00", "commit_info": {"id": "abc", "dirty": False},
+        "machine_info": {"python_version": "3.11", "tilegen_bench": {
+            "cpu_model_name": "Test CPU", "llvm_host_cpu": "znver4", "cpu_count": 2,
+            "cpu_features": "+avx512f,-amx-tile,+sse2",
+            "threadpools": [{"internal_api": "openblas", "version": "0.3", "architecture":
+                             "SkylakeX", "num_threads": 2, "threading_layer": "pthreads"}],
+            "environment": {"OPENBLAS_CORETYPE": None}, "versions": {"numpy": "2"},
+            "llvm_version": "22"}},
+        "benchmarks": [
+            _bench(report.B1, "tilegen", 1e-6, units=1, unit="call"),
+            _bench(report.B1, "numpy", 30e-6, units=1, unit="call"),
+            _bench(report.B1, "numba", 4e-6, units=1, unit="call", compile_s=2.0),
+            _bench(report.B2, "tilegen", 120e-6, units=120, unit="step"),
+            _bench(report.B2, "numba", 120e-6, units=120, unit="step"),
+            _bench("B5 matmul 1024^3", "tilegen", 0.02, flops=2 * 1024 ** 3),
+            _bench("B5 matmul 1024^3", "numpy", 0.01, flops=2 * 1024 ** 3),
+            _bench("B5 matmul 1024^3", "torch.compile", 0.01, compile_s=3.0),
+            _bench(report.B6_FORWARD, "tilegen-cold", 0.1, import_s=0.4, frontend_s=0.02,
+                   machine_code_s=0.08),
+            _bench(report.B6_FORWARD, "tilegen-same-process", 0.02),
+        ]}
+
+
+def test_verdicts_come_from_the_measured_ratios():
+    groups = report.load_results(_run())
+    verdicts = {(t.work, t.wording): t.evaluate(groups) for t in report.TARGETS}
+    assert verdicts[("StoryLM-0 forward T = 36 (B1)", "≥ 20× numpy")] == ("30.00×", "met")
+    assert verdicts[("StoryLM-0 forward T = 36 (B1)", "≥ 5× numba")] == ("4.00×", "missed")
+    # "faster than numba" is strict: an equal time is missed
+    assert verdicts[("training step, Python host loop (B2)", "faster than numba")] == \
+        ("1.00×", "missed")
+    assert verdicts[("fp32 matmul 1024³, all cores", "≥ 0.9× numpy")] == ("0.50×", "missed")
+    assert verdicts[("row softmax [4096, 1024]", "≥ 1× torch")][1] == "not measured"
+    assert verdicts[("compile storylm0_forward.kina, cold process", "≤ 150 ms")] == \
+        ("100 ms", "met")
+    assert verdicts[("compile storylm0_forward.kina, warm (same process)", "≤ 10 ms")] == \
+        ("20 ms", "missed")
+
+
+def test_report_tables(tmp_path):
+    text = report.render(_run())
+    assert "kernel (coretype) `SkylakeX`, 2 threads" in text
+    assert "OPENBLAS_CORETYPE=unset" in text and "avx512f" in text and "amx-tile" not in text
+    assert "| numpy | 1 | 30 µs |" in text and "30.00×" in text
+    assert "| 120 µs | 12 µs | 7 | 1 µs |" in text  # per-step figure of the 120-step run
+    assert "107.4" in text  # GF/s of tilegen's matmul
+    assert "torch.compile: compile (first call)" in text
+    assert "frontend 20 ms + machine code 80 ms" in text
+
+
+def test_main_writes_markdown_and_chart_atomically(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    run_path = tmp_path / "run.json"
+    run_path.write_text(json.dumps(_run()))
+    assert report.main([str(run_path)]) == 0
+    assert (tmp_path / "run.md").read_text().startswith("# tilegen benchmark report")
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.md", "run.png"]
+    assert "Issue 8 targets" in capsys.readouterr().out
