@@ -2,6 +2,8 @@
 
 tilegen runs `storylm0_rollout` from examples/storylm0_rollout.kina; every provider writes or
 returns the [1, 36, 8] logits, checked against storylm.reference in float64 before timing.
+Also here: the call overhead with the same nine arguments and no work
+(examples/bench/call_overhead.kina), against numba's dispatcher.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import pytest
 
 from bench import storylm_data
 from bench.common import (
+    BENCH_EXAMPLES,
     EXAMPLES,
     JAX,
     NUMBA,
@@ -113,3 +116,51 @@ def test_b1_forward(benchmark, provider, storylm0_t36, kina_function, full_run_o
         full_run_only("torch.compile's first compile costs 10-30 s")
     case = BUILDERS[provider](storylm0_t36, storylm_data.rollout_ids(), kina_function)
     measure(benchmark, GROUP, provider, case, units=1, unit="call")
+
+
+# --------------------------------------------------------------------------- call overhead
+
+OVERHEAD_GROUP = "B1 call overhead, 9 arguments"
+OVERHEAD_PROGRAM = BENCH_EXAMPLES / "call_overhead.kina"
+
+
+def _overhead_tilegen(model, ids, kina_function) -> Case:
+    function = kina_function(OVERHEAD_PROGRAM, "call_overhead")
+    args = model.forward_args(ids)
+    out = np.empty((1, 1, 1, 1), np.float32)
+    return Case(lambda: function(*args, out=out), _overhead_guard(model), tilegen_threads())
+
+
+def _overhead_numba(model, ids, kina_function) -> Case:
+    need("numba")
+    from numba import njit
+
+    @njit(cache=False)
+    def call_overhead(ids, embed, mask, scale, wq, wk, wv, wo, lm_head, out):
+        out[0, 0, 0, 0] = -scale[0, 0, 0, 0]
+
+    args = model.forward_args(ids)
+    out = np.empty((1, 1, 1, 1), np.float32)
+
+    def call():
+        call_overhead(*args, out)
+        return out
+
+    _, compile_s = timed_first_call(call)
+    return Case(call, _overhead_guard(model), 1, extra={"compile_s": compile_s})
+
+
+def _overhead_guard(model):
+    return lambda out: check_close(OVERHEAD_GROUP, out, -model.scale.astype(np.float64),
+                                   rtol=0, atol=0)
+
+
+OVERHEAD_BUILDERS = {TILEGEN: _overhead_tilegen, NUMBA: _overhead_numba}
+
+
+@pytest.mark.parametrize("provider", list(OVERHEAD_BUILDERS))
+def test_b1_call_overhead(benchmark, provider, storylm0_t36, kina_function):
+    """The cost of one call with StoryLM's nine arrays (and out=) and no work: tilegen's
+    Python-to-native crossing against numba's dispatcher."""
+    case = OVERHEAD_BUILDERS[provider](storylm0_t36, storylm_data.rollout_ids(), kina_function)
+    measure(benchmark, OVERHEAD_GROUP, provider, case, units=1, unit="call")

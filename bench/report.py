@@ -170,6 +170,7 @@ class TimeTarget:
 
 
 B1 = "B1 StoryLM-0 forward T=36"
+B1_OVERHEAD = "B1 call overhead, 9 arguments"
 B2 = "B2 StoryLM-0 training, 120 steps"
 B3 = "B3 StoryLM-0 greedy rollout, 32 tokens"
 B6_FORWARD = "B6 compile storylm0_forward.kina"
@@ -190,6 +191,8 @@ TARGETS = (
                 1),
     RatioTarget("scaled StoryLM train step (B4)", "B4 scaled StoryLM train step",
                 "torch.compile", 1),
+    TimeTarget("compiled call from Python, StoryLM's nine arrays (B1)", B1_OVERHEAD,
+               "tilegen", 1.5e-6),
     TimeTarget("compile storylm0_forward.kina, cold process", B6_FORWARD, "tilegen-cold",
                0.150),
     TimeTarget("compile storylm0_forward.kina, warm (same process)", B6_FORWARD,
