@@ -92,3 +92,24 @@ fn f(table: {_ty((50, 64))}, ids: {_ty((80,), 'I64')}, w: {_ty((64, 64))})
     ids[77] = 50
     with pytest.raises(IndexError, match=r"id 50 at position \[77\]"):
         module.f(table, ids, w)
+
+
+def test_micro_kernel_inner_loop_is_fma_on_zmm_without_spills(tmp_path):
+    """`--emit asm`: the hottest loop of a 1024^3 matmul is a run of vfmadd...ps on zmm
+    registers fed by broadcasts of A, with no stack traffic (no spills)."""
+    import re
+    import subprocess
+    import sys
+
+    source = tmp_path / "mm.kina"
+    source.write_text("fn mm(a: Tensor[F32, [1024, 1024], @host], b: Tensor[F32, [1024, 1024],"
+                      " @host]) -> Tensor[F32, [1024, 1024], @host] { return matmul(a, b); }\n")
+    result = subprocess.run([sys.executable, "-m", "tilegen.compile", str(source), "--emit",
+                             "asm"], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    blocks = re.split(r"\n(?=\.LBB\d+_\d+:)", result.stdout)
+    fma_counts = [len(re.findall(r"vfmadd\d+ps\s+[^\n]*zmm", block)) for block in blocks]
+    hottest = blocks[max(range(len(blocks)), key=fma_counts.__getitem__)]
+    assert max(fma_counts) >= 24  # the 12 x 32 register block: 24 accumulators
+    assert "vbroadcastss" in hottest or "{1to16}" in hottest
+    assert "(%rsp)" not in hottest and "(%rbp)" not in hottest, hottest

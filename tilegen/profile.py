@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 
-from .loopir import For, Let, Store
+from .loopir import For, Gemm, Let, Store
 
 
 def _compiled(function):
@@ -55,6 +55,10 @@ def _headline(stmt) -> str:
                 walk(inner)
         elif isinstance(node, Store) and node.buffer not in targets:
             targets.append(node.buffer)
+        elif isinstance(node, Gemm):
+            loops.append(f"gemm {node.m}x{node.n}x{node.k_extent}"
+                         f"{'x' + str(node.batch_extents) if node.batch_extents else ''}")
+            targets.append(node.out)
         elif isinstance(node, Let):
             pass
 
