@@ -117,6 +117,22 @@ class _Emitter:
         biased = self.b.add(n_int, self.i(self.fmt.bias))
         return self.b.bitcast(self.b.shl(biased, self.i(self.fmt.mantissa_bits)), self.ty)
 
+    def scalef_intrinsic(self):
+        """llvm.x86.avx512.mask.scalef for 256/512-bit vectors when the host has AVX-512."""
+        if not self.width or not _host_has("avx512f") or not _host_has("avx512vl"):
+            return None
+        bits = self.width * (64 if self.fmt.is_double else 32)
+        if bits not in (256, 512):
+            return None
+        kind = "pd" if self.fmt.is_double else "ps"
+        name = f"llvm.x86.avx512.mask.scalef.{kind}.{bits}"
+        mask_type = ir.IntType(max(8, self.width))
+        args = [self.ty, self.ty, self.ty, mask_type] + ([ir.IntType(32)] if bits == 512 else [])
+        function = self.module.globals.get(name)
+        if function is None:
+            function = ir.Function(self.module, ir.FunctionType(self.ty, args), name)
+        return function
+
     # ---- exp ----------------------------------------------------------------------------------
 
     def exp(self, x):
@@ -130,6 +146,16 @@ class _Emitter:
         poly = self.f(1 / math.factorial(fmt.exp_terms))
         for k in range(fmt.exp_terms - 1, -1, -1):
             poly = self.fma(poly, r, self.f(1 / math.factorial(k)))
+        scalef = self.scalef_intrinsic()
+        if scalef is not None:
+            # AVX-512's vscalefps computes poly * 2^n in one instruction with a single
+            # rounding, subnormal results included; NaN propagates through it.
+            mask = ir.Constant(ir.IntType(max(8, self.width)), -1)
+            args = [poly, n, poly, mask]
+            if self.width * (64 if fmt.is_double else 32) == 512:
+                args.append(ir.Constant(ir.IntType(32), 4))  # current rounding direction
+            result = b.call(scalef, args)
+            return b.select(b.fcmp_unordered("uno", x, x), x, result)
         n_int = b.fptosi(n, self.int_ty)
         half = b.ashr(n_int, self.i(1))
         rest = b.sub(n_int, half)
@@ -185,6 +211,12 @@ def _ln2_low_part(high: float) -> float:
     with decimal.localcontext() as context:
         context.prec = 40
         return float(decimal.Decimal(2).ln() - decimal.Decimal(high))
+
+
+def _host_has(feature: str) -> bool:
+    from .target import host_cpu
+
+    return f"+{feature}" in host_cpu()[1].split(",")
 
 
 def _float_bits(value: float, is_double: bool) -> int:
