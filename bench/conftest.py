@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
+import sys
+import tempfile
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +28,23 @@ ENV_KNOBS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
 # The machine's load when the suite was collected: the cores may be shared (other jobs skew
 # multi-threaded peers the most), so the report shows it next to the numbers.
 LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cold_torchinductor_cache():
+    """torch.compile's first-call times (`compile_s`) are cold: TorchInductor's on-disk cache
+    points at an empty folder for this session (unless TORCHINDUCTOR_CACHE_DIR is set), so a
+    previous run's compiled graphs are not reused."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="bench-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    try:
+        yield
+    finally:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -114,10 +135,22 @@ def machine_facts() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    pools = [{key: info.get(key) for key in ("user_api", "internal_api", "prefix", "version",
-                                             "num_threads", "architecture",
-                                             "threading_layer")}
-             for info in threadpool_info()]
+    pools = []
+    for info in threadpool_info():
+        pool = {key: info.get(key) for key in ("user_api", "internal_api", "prefix", "version",
+                                               "num_threads", "architecture",
+                                               "threading_layer")}
+        # whose copy it is: numpy.libs, scipy.libs (loaded by JAX), torch/lib, ...
+        pool["package"] = Path(info.get("filepath") or "").parent.name
+        if pool["package"] == "lib":
+            pool["package"] = Path(info["filepath"]).parent.parent.name
+        pools.append(pool)
+    torch = sys.modules.get("torch")
+    torch_facts = None
+    if torch is not None:
+        torch_facts = {"num_threads": torch.get_num_threads(),
+                       "mkl": bool(torch.backends.mkl.is_available()),
+                       "mkldnn": bool(torch.backends.mkldnn.is_available())}
     return {
         "cpu_model_name": _cpu_model_name(),
         "llvm_host_cpu": llvm.get_host_cpu_name(),
@@ -127,6 +160,7 @@ def machine_facts() -> dict:
         "load_average_start": LOAD_AT_START,
         "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "threadpools": pools,
+        "torch": torch_facts,
         "environment": {name: os.environ.get(name) for name in ENV_KNOBS},
         "versions": versions,
     }

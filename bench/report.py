@@ -269,14 +269,20 @@ def _machine_section(run: dict) -> list[str]:
     if wide:
         rows.append(("vector features", ", ".join(wide)))
     for pool in facts.get("threadpools", []):
+        owner = f" in {pool['package']}" if pool.get("package") else ""
         if pool.get("internal_api") == "openblas":
-            rows.append(("OpenBLAS (threadpoolctl)",
+            rows.append((f"OpenBLAS{owner} (threadpoolctl)",
                          f"{pool.get('version')}, kernel (coretype) `{pool.get('architecture')}`"
                          f", {pool.get('num_threads')} threads ({pool.get('threading_layer')})"))
         else:
-            rows.append((f"{pool.get('internal_api')} pool",
-                         f"{pool.get('prefix')} {pool.get('version') or ''}, "
-                         f"{pool.get('num_threads')} threads"))
+            version = f" {pool['version']}" if pool.get("version") else ""
+            rows.append((f"{pool.get('internal_api')}{owner} (threadpoolctl)",
+                         f"{pool.get('prefix')}{version}, {pool.get('num_threads')} threads"))
+    torch_facts = facts.get("torch")
+    if torch_facts:
+        rows.append(("PyTorch", f"{torch_facts['num_threads']} intra-op threads by default, "
+                                f"MKL {'on' if torch_facts['mkl'] else 'off'}, oneDNN "
+                                f"{'on' if torch_facts['mkldnn'] else 'off'}"))
     environment = facts.get("environment", {})
     rows.append(("environment", ", ".join(f"{k}={v if v is not None else 'unset'}"
                                           for k, v in environment.items())))
