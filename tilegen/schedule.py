@@ -91,7 +91,26 @@ def _loop_width(loop: L.For, strides) -> int:
         dtypes.add(store.value.dtype)
     if len(dtypes) != 1:
         return 0
+    # A lane-strided load inside a reduction turns every reduction step into a gather;
+    # vectorising the reduction itself (contiguous loads) is then the better choice.
+    for stmt in loop.body:
+        value = stmt.value
+        if _has_reduce(value) and _strided_load(value, loop.var.name, strides):
+            return 0
     return vector_width(dtypes.pop(), loop.extent)
+
+
+def _has_reduce(expr: L.Expr) -> bool:
+    return L.contains(expr, (L.Reduce,))
+
+
+def _strided_load(expr: L.Expr, var: str, strides) -> bool:
+    """Some load's flattened offset moves by other than 0 or 1 per step of `var`."""
+    if isinstance(expr, L.Load):
+        coefficient = _flat_coefficient(expr.index, strides[expr.buffer], var)
+        if coefficient not in (0, 1):
+            return True
+    return any(_strided_load(c, var, strides) for c in L.children(expr))
 
 
 def _schedule_expr(expr: L.Expr, strides, in_vector: bool) -> L.Expr:
