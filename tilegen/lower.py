@@ -124,6 +124,21 @@ class LowerContext:
                                     lambda index: [L.Store(buffer.name, index, view.at(index))]))
         return self.buffer_view(buffer, view.type)
 
+    def materialize_transposed(self, view: View, hint: str) -> View:
+        """`view` stored with its last two dims swapped (so its second-last dim is the
+        contiguous one), read back through the swap: for consumers that walk that dim."""
+        shape = view.type.concrete_shape
+        stored = shape[:-2] + (shape[-1], shape[-2])
+        buffer = self.add_buffer(hint, view.type.with_shape(stored), "temp")
+
+        def store(index):
+            source = index[:-2] + (index[-1], index[-2])
+            return [L.Store(buffer.name, index, view.at(source))]
+        self.body.extend(self.loops(stored, store))
+        dtype, name = buffer.dtype, buffer.name
+        return View(view.type, lambda index: L.Load(name, tuple(index[:-2]) + (
+            index[-1], index[-2]), dtype), name)
+
     def add_buffer(self, hint: str, ttype: TensorType, role: str) -> L.Buffer:
         buffer = L.Buffer(self.fresh_name(_sanitize(hint)), scalar_type(ttype.dtype),
                           ttype.concrete_shape, role)

@@ -61,7 +61,12 @@ def _matmul_lower(ctx, op, operands):
         # Large products: packed panels and a register-blocked micro-kernel.
         return L.RowKernel(op.result.type, lambda ctx, out: [ctx.gemm(out, a, b)])
     a = ctx.reusable(a, cols)
-    b = ctx.reusable(b, rows)
+    if cols < 8 <= inner and rows >= 4:
+        # Too few columns for vector stores: the reduction over k runs in vector tiles, so
+        # B is stored k-contiguous (transposed) once instead of gathered by every row.
+        b = ctx.materialize_transposed(b, "tmp")
+    else:
+        b = ctx.reusable(b, rows)
     dtype = a.type.dtype.value
 
     def at(index):
