@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .tensor_ir import Function, Operation, Value, make_attrs
+from .transforms import eliminate_dead_code
 from .verify import dims_equal, types_equal
 
 Defs = dict[str, Operation]
@@ -208,13 +209,7 @@ def _attr_key(attrs) -> tuple:
 
 def dce_pass(function: Function) -> Function:
     """Drop operations none of whose results reaches a function result."""
-    live = {v.name for v in function.results}
-    kept = []
-    for op in reversed(function.body):
-        if any(r.name in live for r in op.results):
-            kept.append(op)
-            live.update(v.name for v in op.operands)
-    return _rebuild(function, list(reversed(kept)), {})
+    return eliminate_dead_code(function)
 
 
 def _rebuild(function: Function, body: list[Operation], rename: dict[str, Value]) -> Function:

@@ -278,51 +278,26 @@ class KernelCodegen:
 
     def _loop(self, start, stop, step: int, inits: list[ir.Value], body):
         """A counted loop [start, stop) by `step` carrying values. Static bounds must have
-        stop > start; runtime (ir.Value) bounds are checked and may be empty."""
-        dynamic = not (isinstance(start, int) and isinstance(stop, int))
+        stop > start; runtime (ir.Value) bounds are checked first and may be empty."""
         start_value = ir.Constant(I64, start) if isinstance(start, int) else start
         stop_value = ir.Constant(I64, stop) if isinstance(stop, int) else stop
-        if dynamic:
-            return self._guarded_loop(start_value, stop_value, step, inits, body)
+        guarded = not (isinstance(start, int) and isinstance(stop, int))
         pre = self.b.block
-        header = self.function.append_basic_block("loop")
         after = self.function.append_basic_block("after")
-        self.b.branch(header)
-        self.b.position_at_end(header)
-        index = self.b.phi(I64, name="i")
-        index.add_incoming(start_value, pre)
-        phis = []
-        for init in inits:
-            phi = self.b.phi(init.type)
-            phi.add_incoming(init, pre)
-            phis.append(phi)
-        updated = body(index, phis)
-        following = self.b.add(index, ir.Constant(I64, step), flags=("nuw", "nsw"))
-        latch = self.b.block
-        index.add_incoming(following, latch)
-        for phi, value in zip(phis, updated, strict=True):
-            phi.add_incoming(value, latch)
-        more = self.b.icmp_signed("<", following, stop_value)
-        self.b.cbranch(more, header, after)
-        self.b.position_at_end(after)
-        return updated
-
-    def _guarded_loop(self, start, stop, step, inits, body):
-        entered = self.b.icmp_signed("<", start, stop)
-        pre = self.b.block
-        run = self.function.append_basic_block("run")
-        join = self.function.append_basic_block("join")
-        self.b.cbranch(entered, run, join)
-        self.b.position_at_end(run)
+        if guarded:
+            run = self.function.append_basic_block("run")
+            self.b.cbranch(self.b.icmp_signed("<", start_value, stop_value), run, after)
+            self.b.position_at_end(run)
+        entry = self.b.block
         header = self.function.append_basic_block("loop")
         self.b.branch(header)
         self.b.position_at_end(header)
         index = self.b.phi(I64, name="i")
-        index.add_incoming(start, run)
+        index.add_incoming(start_value, entry)
         phis = []
         for init in inits:
             phi = self.b.phi(init.type)
-            phi.add_incoming(init, run)
+            phi.add_incoming(init, entry)
             phis.append(phi)
         updated = body(index, phis)
         following = self.b.add(index, ir.Constant(I64, step), flags=("nsw",))
@@ -330,8 +305,10 @@ class KernelCodegen:
         index.add_incoming(following, latch)
         for phi, value in zip(phis, updated, strict=True):
             phi.add_incoming(value, latch)
-        self.b.cbranch(self.b.icmp_signed("<", following, stop), header, join)
-        self.b.position_at_end(join)
+        self.b.cbranch(self.b.icmp_signed("<", following, stop_value), header, after)
+        self.b.position_at_end(after)
+        if not guarded:
+            return updated
         results = []
         for init, value in zip(inits, updated, strict=True):
             merged = self.b.phi(init.type)
