@@ -26,13 +26,21 @@ EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 MAX_SOURCE_BYTES = 16 * 1024 * 1024
 
 
+def _exists(path: Path) -> bool:
+    """Path.exists, but False for names the OS rejects (too long, a NUL byte)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_path(name: str | os.PathLike) -> Path:
     """A path as given, or a bare example name resolved against the bundled examples."""
     path = Path(name)
-    if path.exists() or path.parent != Path("."):
+    if _exists(path) or path.parent != Path("."):
         return path
     for candidate in (EXAMPLES_DIR / path.name, EXAMPLES_DIR / (path.name + ".kina")):
-        if candidate.exists():
+        if _exists(candidate):
             return candidate
     return path
 
@@ -40,6 +48,8 @@ def resolve_path(name: str | os.PathLike) -> Path:
 def load_source(path: str | os.PathLike) -> Source:
     path = resolve_path(path)
     shown = str(path)
+    if "\x00" in shown:
+        raise KinaError("io", f"cannot read {shown!r}: the path contains a NUL byte", None)
     try:
         if path.is_dir():
             raise KinaError("io", f"{shown}: is a directory, not a .kina file", None)
@@ -47,10 +57,16 @@ def load_source(path: str | os.PathLike) -> Source:
         if size > MAX_SOURCE_BYTES:
             raise KinaError("io", f"{shown}: file is {size} bytes; the limit is "
                             f"{MAX_SOURCE_BYTES}", None)
-        data = path.read_bytes()
+        # Read at most one byte past the limit: a device or pipe (/dev/zero, a FIFO) has no
+        # size to check up front and could otherwise be read forever.
+        with path.open("rb") as handle:
+            data = handle.read(MAX_SOURCE_BYTES + 1)
     except OSError as error:
         reason = error.strerror or str(error)
         raise KinaError("io", f"cannot read '{shown}': {reason}", None) from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise KinaError("io", f"{shown}: more than the limit of {MAX_SOURCE_BYTES} bytes",
+                        None)
     return decode_source(shown, data)
 
 

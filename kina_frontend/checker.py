@@ -191,21 +191,28 @@ class _Checker:
         self.signatures[name] = _Signature(decl, tuple(params), results)
 
     def reject_recursion(self, graph: dict[str, list[tuple[str, Span]]]) -> None:
-        state: dict[str, int] = {}
-
-        def visit(name: str) -> None:
-            state[name] = 1
-            for callee, span in graph.get(name, ()):
-                if state.get(callee) == 1:
-                    raise KinaError("unsupported", f"recursive call to '{callee}'", span,
-                                    ("Kina functions are inlined; recursion is not supported",))
-                if callee not in state:
-                    visit(callee)
-            state[name] = 2
-
-        for name in graph:
-            if name not in state:
-                visit(name)
+        """Depth-first search for a cycle, with an explicit stack: a chain of thousands of
+        calls must not exhaust Python's recursion limit."""
+        state: dict[str, int] = {}  # 1: on the current path, 2: done
+        for root in graph:
+            if root in state:
+                continue
+            state[root] = 1
+            stack = [(root, iter(graph.get(root, ())))]
+            while stack:
+                name, calls = stack[-1]
+                for callee, span in calls:
+                    if state.get(callee) == 1:
+                        raise KinaError("unsupported", f"recursive call to '{callee}'", span,
+                                        ("Kina functions are inlined; recursion is not "
+                                         "supported",))
+                    if callee not in state:
+                        state[callee] = 1
+                        stack.append((callee, iter(graph.get(callee, ()))))
+                        break
+                else:
+                    state[name] = 2
+                    stack.pop()
 
     # ---- functions and statements -------------------------------------------------------------
 
@@ -292,9 +299,13 @@ class _Checker:
                             f"{actual.surface()}", span, notes)
         ctx = _OpContext(self, "return", span, {})
         for axis, (a, b) in enumerate(zip(actual.shape, expected.shape, strict=True)):
-            ctx.prove_equal(a, b, "type-equality", f"{what}: dim {axis} {format_dim(a)} == "
-                            f"{format_dim(b)}", f"{what}: expected {expected.surface()}, got "
-                            f"{actual.surface()} (dim {axis} differs)", notes=notes)
+            claim = f"{what}: dim {axis} {format_dim(a)} == {format_dim(b)}"
+            if a == b:  # the common case; the message below costs O(rank) to build
+                ctx.record("type-equality", claim)
+                continue
+            ctx.prove_equal(a, b, "type-equality", claim, f"{what}: expected "
+                            f"{expected.surface()}, got {actual.surface()} (dim {axis} "
+                            "differs)", notes=notes)
 
     # ---- expressions --------------------------------------------------------------------------
 
@@ -703,7 +714,7 @@ def _bind_arguments(op: OpDef, call: ast.Call) -> dict[str, ast.Expr]:
                         f"argument(s), got {len(call.args)}", call.args[len(positional)].span,
                         (_signature_text(op),))
     bound: dict[str, ast.Expr] = {}
-    for param, arg in zip(positional, call.args):
+    for param, arg in zip(positional, call.args, strict=False):
         bound[param.name] = arg
     by_name = {p.name: p for p in params}
     for kwarg in call.kwargs:
@@ -738,6 +749,7 @@ def _did_you_mean(name: str, candidates: list[str]) -> tuple[str, ...]:
 # ---- specialisation -------------------------------------------------------------------------
 
 _EVALUATED: dict[tuple, int] = {}
+_FREE_NAMES: dict = {}  # dim -> the names of the consts it mentions
 
 
 def evaluate_dim(dim, constants: dict[str, int]) -> int:
@@ -747,10 +759,19 @@ def evaluate_dim(dim, constants: dict[str, int]) -> int:
         return dim
     if dim.is_Integer:
         return int(dim)
-    key = (dim, tuple(sorted(constants.items())))
+    # Only the consts the dim mentions: keying and substituting over every const made a
+    # program with thousands of consts quadratic.
+    names = _FREE_NAMES.get(dim)
+    if names is None:
+        names = tuple(sorted(symbol.name for symbol in dim.free_symbols))
+        if len(_FREE_NAMES) > 100_000:
+            _FREE_NAMES.clear()
+        _FREE_NAMES[dim] = names
+    used = tuple((name, constants[name]) for name in names if name in constants)
+    key = (dim, used)
     value = _EVALUATED.get(key)
     if value is None:
-        mapping = {const_symbol(n): sympy.Integer(v) for n, v in constants.items()}
+        mapping = {const_symbol(n): sympy.Integer(v) for n, v in used}
         value = int(dim.xreplace(mapping))
         if len(_EVALUATED) > 100_000:
             _EVALUATED.clear()
@@ -760,7 +781,6 @@ def evaluate_dim(dim, constants: dict[str, int]) -> int:
 
 def specialize(checked: CheckedProgram) -> Program:
     """Substitute every const's value: all shapes and dim attributes become ints."""
-    values = {const_symbol(n): v for n, v in checked.constants.items()}
 
     def concrete(dim):
         return evaluate_dim(dim, checked.constants)

@@ -7,6 +7,8 @@ The CLI prints it and exits 1; it never surfaces as a Python traceback.
 
 from __future__ import annotations
 
+import bisect
+import re
 from dataclasses import dataclass, field
 
 
@@ -18,21 +20,26 @@ class Source:
     text: str
 
     def line_starts(self) -> tuple[int, ...]:
-        starts = [0]
-        for index, char in enumerate(self.text):
-            if char == "\n":
-                starts.append(index + 1)
-        return tuple(starts)
+        """The offset at which each line starts (computed once per source: the checker
+        formats many spans, and a scan per span made large programs quadratic)."""
+        starts = self.__dict__.get("_line_starts")
+        if starts is None:
+            starts = (0, *(match.end() for match in re.finditer("\n", self.text)))
+            self.__dict__["_line_starts"] = starts  # a cache, not a field (frozen dataclass)
+        return starts
 
     def location(self, offset: int) -> tuple[int, int]:
         """1-based (line, column) of a character offset."""
-        line = self.text.count("\n", 0, offset) + 1
-        line_start = self.text.rfind("\n", 0, offset) + 1
-        return line, offset - line_start + 1
+        starts = self.line_starts()
+        line = bisect.bisect_right(starts, offset)
+        return line, offset - starts[line - 1] + 1
 
     def line_text(self, line: int) -> str:
-        lines = self.text.split("\n")
-        return lines[line - 1] if 0 < line <= len(lines) else ""
+        starts = self.line_starts()
+        if not 0 < line <= len(starts):
+            return ""
+        end = starts[line] - 1 if line < len(starts) else len(self.text)
+        return self.text[starts[line - 1]:end]
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,18 @@ KEYWORDS = frozenset({"const", "fn", "let", "return"})
 # Longest punctuation first so `->` wins over `-`.
 PUNCTUATION = ("->", "(", ")", "[", "]", "{", "}", ",", ";", ":", "=", "+", "-", "*", "/", "@")
 
-_NUMBER = re.compile(r"(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SPACE = re.compile(r"[ \t\r\n]+")
+# One pattern for every token and skipped run, tried at each position; the first
+# alternative that matches wins, so `//` and `/*` precede `/`, and `->` precedes `-`.
+# Digits are ASCII only (Python's \d would also take other scripts' digits).
+_TOKEN = re.compile(r"""
+    (?P<space>[ \t\r\n]+)
+  | (?P<line_comment>//[^\n]*)
+  | (?P<block_comment>/\*.*?\*/)
+  | (?P<open_comment>/\*)
+  | (?P<number>(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][+-]?[0-9]+)?)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<punct>->|[()\[\]{},;:=+\-*/@])
+""", re.VERBOSE | re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -30,54 +39,42 @@ class Token:
 def tokenize(source: Source) -> list[Token]:
     text = source.text
     tokens: list[Token] = []
-    pos = 0
-    while pos < len(text):
-        space = _SPACE.match(text, pos)
-        if space:
-            pos = space.end()
-            continue
-        if text.startswith("//", pos):
-            newline = text.find("\n", pos)
-            pos = len(text) if newline < 0 else newline + 1
-            continue
-        if text.startswith("/*", pos):
-            close = text.find("*/", pos + 2)
-            if close < 0:
-                raise KinaError("lex", "unterminated block comment", Span(source, pos, pos + 2),
-                                ("a '/*' comment must be closed by '*/'",))
-            pos = close + 2
-            continue
-        number = _NUMBER.match(text, pos)
-        if number:
-            end = number.end()
-            if end < len(text) and (text[end].isalnum() or text[end] in "_."):
+    append = tokens.append
+    match = _TOKEN.match
+    pos, length = 0, len(text)
+    while pos < length:
+        found = match(text, pos)
+        if found is None:
+            char = text[pos]
+            shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
+            raise KinaError("lex", f"unexpected character {shown}", Span(source, pos, pos + 1))
+        kind, end = found.lastgroup, found.end()
+        if kind == "ident":
+            word = found.group()
+            append(Token("keyword" if word in KEYWORDS else "ident", word,
+                         Span(source, pos, end)))
+        elif kind == "punct":
+            append(Token("punct", found.group(), Span(source, pos, end)))
+        elif kind == "number":
+            if end < length and _is_number_tail(text[end]):
                 # `12abc`, `1.5e`, `1.2.3`: report the whole run, not a confusing later token.
                 stop = end
-                while stop < len(text) and (text[stop].isalnum() or text[stop] in "_."):
+                while stop < length and _is_number_tail(text[stop]):
                     stop += 1
                 raise KinaError("lex", f"malformed number {text[pos:stop]!r}",
                                 Span(source, pos, stop),
                                 ("numbers look like 4, 0.5, .5, 1e-3 or 2.5E+2",))
-            literal = number.group()
+            literal = found.group()
             is_float = any(c in literal for c in ".eE")
-            tokens.append(Token("float" if is_float else "int", literal, Span(source, pos, end)))
-            pos = end
-            continue
-        ident = _IDENT.match(text, pos)
-        if ident:
-            word = ident.group()
-            kind = "keyword" if word in KEYWORDS else "ident"
-            tokens.append(Token(kind, word, Span(source, pos, ident.end())))
-            pos = ident.end()
-            continue
-        for punct in PUNCTUATION:
-            if text.startswith(punct, pos):
-                tokens.append(Token("punct", punct, Span(source, pos, pos + len(punct))))
-                pos += len(punct)
-                break
-        else:
-            char = text[pos]
-            shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
-            raise KinaError("lex", f"unexpected character {shown}", Span(source, pos, pos + 1))
-    tokens.append(Token("eof", "", Span(source, len(text), len(text))))
+            append(Token("float" if is_float else "int", literal, Span(source, pos, end)))
+        elif kind == "open_comment":
+            raise KinaError("lex", "unterminated block comment", Span(source, pos, pos + 2),
+                            ("a '/*' comment must be closed by '*/'",))
+        pos = end  # spaces and comments are skipped
+    tokens.append(Token("eof", "", Span(source, length, length)))
     return tokens
+
+
+def _is_number_tail(char: str) -> bool:
+    """A character that may not directly follow a number (letters, digits, `_`, `.`)."""
+    return char.isalnum() or char in "_."

@@ -89,7 +89,8 @@ class Parser:
             elif self.at("fn") or self.at("@"):
                 functions.append(self.parse_fn())
             else:
-                raise self.error(f"expected 'const' or 'fn' at top level, found {describe(self.tok)}")
+                raise self.error(f"expected 'const' or 'fn' at top level, found "
+                                 f"{describe(self.tok)}")
         return ast.Module(start.to(self.tok.span), tuple(consts), tuple(functions))
 
     def parse_const(self) -> ast.ConstDecl:
@@ -281,14 +282,16 @@ class Parser:
     def parse_primary(self) -> ast.Expr:
         token = self.tok
         if token.kind == "int":
-            # Check the digit count before int(): Python refuses > 4300 digits with ValueError.
-            if len(token.text.lstrip("0")) > 19 or int(token.text) > I64_MAX:
+            # Check the digit count before int(): Python refuses > 4300 digits with ValueError
+            # (leading zeros count too, so they are stripped first).
+            digits = token.text.lstrip("0") or "0"
+            if len(digits) > 19 or int(digits) > I64_MAX:
                 raise KinaError("lex", f"integer literal {_shorten(token.text)} is out of the "
                                 "I64 range", token.span,
                                 ((f"the largest I64 is {I64_MAX}; for a large F32 constant "
                                  "write a float literal such as 1e20"),))
             self.advance()
-            return ast.IntLit(token.span, int(token.text))
+            return ast.IntLit(token.span, int(digits))
         if token.kind == "float":
             self.advance()
             value = float(token.text)

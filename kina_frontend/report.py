@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import sympy
 
-from .checker import CheckedProgram
+from .checker import CheckedProgram, evaluate_dim
 from .types import const_symbol, format_dim
 
 
@@ -16,22 +16,32 @@ def derived_names(checked: CheckedProgram) -> dict[sympy.Expr, sympy.Symbol]:
             if expr != const_symbol(name)}
 
 
-def shown_type(ttype, derived: dict[sympy.Expr, sympy.Symbol]) -> str:
-    """`f32[1, T, D]`: a symbolic type with derived consts written by name."""
-    dims = ", ".join(format_dim(sympy.sympify(d).subs(derived)) for d in ttype.shape)
-    return f"{ttype.dtype.value}[{dims}]"
+def shown_type(ttype, derived: dict[sympy.Expr, sympy.Symbol],
+               memo: dict | None = None) -> str:
+    """`f32[1, T, D]`: a symbolic type with derived consts written by name. `memo` caches
+    each dim's text across calls (sympy's subs is slow, and a program repeats its dims)."""
+    return f"{ttype.dtype.value}[{_dims_text(ttype, derived, {} if memo is None else memo)}]"
+
+
+def _dims_text(ttype, derived: dict[sympy.Expr, sympy.Symbol], memo: dict) -> str:
+    texts = []
+    for dim in ttype.shape:
+        text = memo.get(dim)
+        if text is None:
+            text = memo[dim] = format_dim(sympy.sympify(dim).subs(derived))
+        texts.append(text)
+    return ", ".join(texts)
 
 
 def types_report(checked: CheckedProgram, source_name: str) -> str:
-    values = {const_symbol(n): v for n, v in checked.constants.items()}
     derived = derived_names(checked)
+    memo: dict = {}
 
     def shown(ttype) -> str:
-        return shown_type(ttype, derived)
+        return shown_type(ttype, derived, memo)
 
     def surface(ttype) -> str:
-        dims = ", ".join(format_dim(sympy.sympify(d).subs(derived)) for d in ttype.shape)
-        return f"Tensor[{ttype.dtype.kina_name}, [{dims}], @host]"
+        return f"Tensor[{ttype.dtype.kina_name}, [{_dims_text(ttype, derived, memo)}], @host]"
 
     lines = [f"// {source_name}: shapes proved for every positive value of the constants,"]
     statics = ", ".join(f"{n} = {v}" for n, v in checked.constants.items())
@@ -47,7 +57,7 @@ def types_report(checked: CheckedProgram, source_name: str) -> str:
         by_function[obligation.function].append(obligation)
 
     def concrete(ttype) -> str:
-        dims = ", ".join(str(int(sympy.sympify(d).subs(values))) for d in ttype.shape)
+        dims = ", ".join(str(evaluate_dim(d, checked.constants)) for d in ttype.shape)
         return f"[{dims}]"
 
     for function in checked.program.functions:

@@ -23,27 +23,34 @@ def inline_calls(program: Program, function: Function) -> Function:
         used.add(name)
         return name
 
-    def expand(body, rename: dict[str, Value]) -> list[Operation]:
-        out: list[Operation] = []
-        for op in body:
-            operands = tuple(rename.get(v.name, v) for v in op.operands)
-            if op.op in ("call", "reverse_mode"):
-                callee = _callee(program, op)
-                inner_rename = {p.name: a for p, a in zip(callee.params, operands, strict=True)}
-                for inner_op in callee.body:
-                    for result in inner_op.results:
-                        inner_rename[result.name] = Value(fresh(f"{callee.name}.{result.name}"),
-                                                          result.type)
-                out.extend(expand(callee.body, inner_rename))
-                for outer, inner in zip(op.results, callee.results, strict=True):
-                    rename[outer.name] = inner_rename.get(inner.name, inner)
-                continue
-            results = tuple(rename.get(r.name, r) for r in op.results)
-            out.append(Operation(op.op, operands, results, op.attrs, op.span))
-        return out
-
+    # An explicit stack of the bodies being expanded (not recursion: a chain of thousands of
+    # calls must not exhaust Python's recursion limit). A frame holds the rest of a body,
+    # its renaming, and where the callee's results go when the body is done.
     rename: dict[str, Value] = {}
-    body = expand(function.body, rename)
+    body: list[Operation] = []
+    stack = [(iter(function.body), rename, None)]
+    while stack:
+        ops, names, on_return = stack[-1]
+        op = next(ops, None)
+        if op is None:
+            stack.pop()
+            if on_return is not None:
+                caller_names, call_results, callee_results = on_return
+                for outer, inner in zip(call_results, callee_results, strict=True):
+                    caller_names[outer.name] = names.get(inner.name, inner)
+            continue
+        operands = tuple(names.get(v.name, v) for v in op.operands)
+        if op.op in ("call", "reverse_mode"):
+            callee = _callee(program, op)
+            inner = {p.name: a for p, a in zip(callee.params, operands, strict=True)}
+            for inner_op in callee.body:
+                for result in inner_op.results:
+                    inner[result.name] = Value(fresh(f"{callee.name}.{result.name}"),
+                                               result.type)
+            stack.append((iter(callee.body), inner, (names, op.results, callee.results)))
+            continue
+        results = tuple(names.get(r.name, r) for r in op.results)
+        body.append(Operation(op.op, operands, results, op.attrs, op.span))
     results = tuple(rename.get(v.name, v) for v in function.results)
     return Function(function.name, function.params, tuple(body), results, function.is_main,
                     function.span)
@@ -77,6 +84,7 @@ def placeholders_to_params(function: Function) -> Function:
 
 
 def eliminate_dead_code(function: Function) -> Function:
+    """Drop operations none of whose results reaches a function result."""
     live = {v.name for v in function.results}
     kept = []
     for op in reversed(function.body):
