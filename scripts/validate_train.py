@@ -19,7 +19,9 @@ compiled code, against NumPy (storylm.reference, hand-derived gradients) and PyT
   (d) on the trained T = 36 forward, changing the last id leaves every earlier logit row
       unchanged (compiled, NumPy, PyTorch).
 
-Prints a PASS/FAIL table; exits 1 when any check fails (2 on bad usage, 130 on Ctrl-C).
+Prints a PASS/FAIL table; exits 1 when any check fails, 2 on bad usage or when the fixture
+(--fixture, default fixtures/storylm0) or the examples cannot be loaded or compiled, or an
+output cannot be written, and 130 on Ctrl-C. Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -446,22 +448,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="write the trained weights to DIR as a storylm0 fixture")
     parser.add_argument("--epochs", type=int, default=EPOCHS,
                         help=f"epochs over the three windows (default {EPOCHS})")
+    parser.add_argument("--fixture", type=Path, default=fixture.DEFAULT_FIXTURE_DIR,
+                        metavar="DIR", help="the StoryLM-0 fixture folder (default: "
+                                            "fixtures/storylm0)")
     args = parser.parse_args(argv)
     if args.epochs < 0:
         parser.error("--epochs must be >= 0")
+    for option, path, is_dir in (("--save", args.save, True), ("--plot", args.plot, False)):
+        problem = path is not None and unwritable(path, is_dir)
+        if problem:
+            parser.error(f"{option} {path}: {problem}")
     return args
+
+
+def unwritable(path: Path, is_dir: bool) -> str:
+    """Why `path` cannot be written (checked before training, so a typo costs no run), or ''.
+    Missing folders are fine: they are created when the output is written."""
+    if path.exists() and path.is_dir() != is_dir:
+        return "is a directory" if path.is_dir() else "exists and is not a directory"
+    parent = path if is_dir else path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return ""
 
 
 def run(args: argparse.Namespace) -> int:
     plt = require_matplotlib() if args.plot else None
-    checkpoint = fixture.load_checkpoint()
-    corpus = fixture.load_corpus()
+    checkpoint = fixture.load_checkpoint(args.fixture)
+    corpus = fixture.load_corpus(args.fixture)
     weights = checkpoint.arrays()
     window_length = len(corpus[0].ids)
     mask = fixture.causal_mask(window_length)
     lr = np.full((1, 1), LEARNING_RATE, dtype=np.float32)
     torch = import_torch()
-    print(f"fixture {fixture.DEFAULT_FIXTURE_DIR} ({len(corpus)} windows of {window_length} "
+    print(f"fixture {args.fixture} ({len(corpus)} windows of {window_length} "
           f"tokens); PyTorch: {'yes, ' + torch.__version__ if torch else 'not installed'}")
     report = Report()
     with compiled_programs(args.jit) as programs:
@@ -491,14 +515,24 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from kina_frontend import KinaError
+
     try:
         return run(args)
     except KeyboardInterrupt:
         print("\nvalidate_train: interrupted (no partial files left behind)", file=sys.stderr)
         return 130
     except fixture.FixtureError as error:
-        print(f"validate_train: {error}", file=sys.stderr)
-        return 1
+        print(f"validate_train: cannot load the fixture: {error}", file=sys.stderr)
+        return 2
+    except KinaError as error:
+        print(error.render(), file=sys.stderr)
+        return 2
+    except OSError as error:  # writing --save or --plot (the fixture's errors are above)
+        where = f" {error.filename}" if error.filename else ""
+        print(f"validate_train: cannot write{where}: {error.strerror or error}",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

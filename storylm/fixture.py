@@ -275,13 +275,23 @@ def _load_manifest(folder: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- file decoding
 
 
+# StoryLM-0's files are a few kilobytes; anything far larger is not a fixture file (a
+# symlink to /dev/zero, a zip bomb) and is refused before it is read into memory.
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
 def _read_bytes(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        with path.open("rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise FixtureError(path, "file not found") from None
     except OSError as error:
         raise FixtureError(path, f"cannot read file: {error.strerror or error}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise FixtureError(path, f"larger than the {MAX_FILE_BYTES}-byte limit for fixture "
+                                 "files")
+    return data
 
 
 class _JsonContentError(ValueError):
@@ -330,7 +340,9 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             members = archive.namelist()
-            contents = {member: archive.read(member) for member in members}  # checks CRCs
+            contents = {member: _read_member(path, archive, member) for member in members}
+    except FixtureError:
+        raise
     except _ARCHIVE_ERRORS as error:
         raise FixtureError(path, f"not a readable .npz archive ({error})") from None
     arrays: dict[str, np.ndarray] = {}
@@ -340,6 +352,20 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
             raise FixtureError(path, "not an .npy array (or a duplicate member)", member)
         arrays[key] = _read_npy(path, key, contents[member])
     return arrays
+
+
+def _read_member(path: Path, archive: zipfile.ZipFile, member: str) -> bytes:
+    """One member's bytes (CRC-checked), at most MAX_FILE_BYTES whatever the header says."""
+    if archive.getinfo(member).file_size > MAX_FILE_BYTES:
+        raise FixtureError(path, f"member {member!r} unpacks to "
+                                 f"{archive.getinfo(member).file_size} bytes, more than the "
+                                 f"{MAX_FILE_BYTES}-byte limit", member.removesuffix(".npy"))
+    with archive.open(member) as stream:
+        data = stream.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise FixtureError(path, f"member {member!r} unpacks to more than the "
+                                 f"{MAX_FILE_BYTES}-byte limit", member.removesuffix(".npy"))
+    return data
 
 
 # The .npy versions whose header readers NumPy exposes; this module itself writes 1.0.
