@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -28,6 +30,36 @@ ENV_KNOBS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
 # The machine's load when the suite was collected: the cores may be shared (other jobs skew
 # multi-threaded peers the most), so the report shows it next to the numbers.
 LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall clock, busy CPU seconds of the whole machine, CPU seconds of this process and its
+    finished children), to tell how much of the cores other processes took during the run."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            fields = [int(v) for v in handle.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    own = sum(getattr(resource.getrusage(who), field)
+              for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for field in ("ru_utime", "ru_stime"))
+    return time.monotonic(), busy, own
+
+
+CPU_AT_START = _cpu_seconds()
+
+
+def others_cpu_share() -> float | None:
+    """Fraction of all cores' time since collection that other processes used."""
+    end = _cpu_seconds()
+    if CPU_AT_START is None or end is None:
+        return None
+    wall = end[0] - CPU_AT_START[0]
+    others = (end[1] - CPU_AT_START[1]) - (end[2] - CPU_AT_START[2])
+    cores = os.cpu_count() or 1
+    return max(0.0, others / (wall * cores)) if wall > 0 else None
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -159,6 +191,7 @@ def machine_facts() -> dict:
         "cpu_features": llvm.get_host_cpu_features().flatten(),
         "load_average_start": LOAD_AT_START,
         "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "others_cpu_share": others_cpu_share(),
         "threadpools": pools,
         "torch": torch_facts,
         "environment": {name: os.environ.get(name) for name in ENV_KNOBS},

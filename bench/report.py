@@ -291,6 +291,11 @@ def _machine_section(run: dict) -> list[str]:
         rows.append(("load average (1/5/15 min)",
                      f"{_load(start)} at start, {_load(end)} at end"
                      " (above the core count means other jobs shared the cores)"))
+    share = facts.get("others_cpu_share")
+    if share is not None:
+        rows.append(("other processes during the run",
+                     f"{share:.0%} of all cores' time (0% = the run had the machine to itself; "
+                     "multi-threaded rows suffer first)"))
     versions = facts.get("versions", {})
     rows.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v) +
                  f", LLVM {facts.get('llvm_version')}, Python "

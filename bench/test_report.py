@@ -24,7 +24,7 @@ def _run():
             "threadpools": [{"internal_api": "openblas", "version": "0.3", "architecture":
                              "SkylakeX", "num_threads": 2, "threading_layer": "pthreads"}],
             "environment": {"OPENBLAS_CORETYPE": None}, "versions": {"numpy": "2"},
-            "llvm_version": "22"}},
+            "llvm_version": "22", "others_cpu_share": 0.25}},
         "benchmarks": [
             _bench(report.B1, "tilegen", 1e-6, units=1, unit="call"),
             _bench(report.B1, "numpy", 30e-6, units=1, unit="call"),
@@ -65,6 +65,7 @@ def test_report_tables(tmp_path):
     assert "107.4" in text  # GF/s of tilegen's matmul
     assert "torch.compile: compile (first call)" in text
     assert "frontend 20 ms + machine code 80 ms" in text
+    assert "25% of all cores' time" in text
 
 
 def test_main_writes_markdown_and_chart_atomically(tmp_path, capsys):
