@@ -477,5 +477,55 @@ def test_function_without_results_compiles(jit):
     assert module.g(np.ones(2, np.float32)) in ((), None)
 
 
+# ---- docs/errors.md: the runtime errors section runs as written -----------------------------
+
+ERRORS_MD = REPO / "docs" / "errors.md"
+
+
+def _runtime_section() -> str:
+    text = ERRORS_MD.read_text()
+    return text[text.index("## Runtime errors"):text.index("## Robustness")]
+
+
+def child_docs(directory: str) -> None:
+    """Run every `>>>` example of the section as one doctest session in `directory`."""
+    import doctest
+    import io
+
+    section = _runtime_section()
+    guards = re.search(r"use `guards.kina`:\n\n```kina\n(.*?)```", section, re.S).group(1)
+    os.chdir(directory)
+    Path("guards.kina").write_text(guards)
+    session = "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))
+    test = doctest.DocTestParser().get_doctest(session, {}, "errors.md", str(ERRORS_MD), 0)
+    report = io.StringIO()
+    result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test, out=report.write)
+    print(json.dumps({"attempted": result.attempted, "failed": result.failed,
+                      "report": report.getvalue()}))
+
+
+def test_errors_md_runtime_examples_are_verbatim(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "TILEGEN_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, __file__, "docs", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["attempted"] >= 20
+    assert outcome["failed"] == 0, outcome["report"]
+    # The shell session: the scripts print exactly the documented line for `broken`.
+    shell = re.search(r"```text\n(\$ python scripts/validate_train.py.*?)```",
+                      _runtime_section(), re.S).group(1).splitlines()
+    for command, expected in zip(shell[::2], shell[1::2], strict=True):
+        script = REPO / command.split()[2]
+        run = subprocess.run([sys.executable, str(script), *command.split()[3:]], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 2
+        assert run.stderr.strip() == expected
+
+
 if __name__ == "__main__":
-    child(sys.argv[1])
+    if sys.argv[1] == "docs":
+        child_docs(sys.argv[2])
+    else:
+        child(sys.argv[1])
