@@ -3,9 +3,10 @@ weights random x 0.02): one forward, and one training step (sum-NLL, gradients o
 weights, SGD).
 
 tilegen runs examples/bench/storylm_scaled.kina (the step by reverseMode). Every provider runs
-with its default thread count. The oracle is the hand-derived NumPy model
-(bench/peers/numpy_storylm.py) in float64, itself checked against storylm.reference and against
-PyTorch autograd in bench/test_peers.py.
+with its default thread count (all cores here); tilegen, NumPy and PyTorch also run pinned to
+one thread (`-1t`), which stays comparable when other jobs share the cores. The oracle is the
+hand-derived NumPy model (bench/peers/numpy_storylm.py) in float64, itself checked against
+storylm.reference and against PyTorch autograd in bench/test_peers.py.
 
 The step's guard checks the gradients through the update: with lr = 0.1 the updates of wq and
 wk (gradients ~1e-7 at these weights) fall below float32's resolution of the weights, so the
@@ -15,6 +16,8 @@ reference gradient of each weight (relative to its largest entry), and the loss.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
@@ -23,16 +26,21 @@ from bench.common import (
     BENCH_EXAMPLES,
     JAX,
     NUMPY,
+    NUMPY_1T,
     TILEGEN,
+    TILEGEN_1T,
     TORCH,
+    TORCH_1T,
     TORCH_COMPILE,
     Case,
     check_close,
     measure,
     need,
+    numpy_single_thread,
     numpy_threads,
     tilegen_threads,
     timed_first_call,
+    torch_threads,
     xla_threads,
 )
 from bench.peers import numpy_storylm
@@ -84,20 +92,24 @@ def _step_guard(model, reference):
 # --------------------------------------------------------------------------- forward
 
 
-def _forward_tilegen(model, ids, reference, kina_function) -> Case:
-    function = kina_function(PROGRAM, "storylm_scaled_forward", needs_autodiff=True)
+def _forward_tilegen(model, ids, reference, kina_function, threads: int | None = None) -> Case:
+    function = kina_function(PROGRAM, "storylm_scaled_forward", needs_autodiff=True,
+                             threads=threads)
     args = model.forward_args(ids)
     out = np.empty((1, model.length, model.vocab), np.float32)
-    return Case(lambda: function(*args, out=out), _forward_guard(reference), tilegen_threads())
+    return Case(lambda: function(*args, out=out), _forward_guard(reference),
+                threads or tilegen_threads())
 
 
-def _forward_numpy(model, ids, reference, kina_function) -> Case:
+def _forward_numpy(model, ids, reference, kina_function, single: bool = False) -> Case:
     args = model.forward_args(ids)
     return Case(lambda: numpy_storylm.forward(*args, heads=model.heads),
-                _forward_guard(reference), numpy_threads())
+                _forward_guard(reference), 1 if single else numpy_threads(),
+                context=numpy_single_thread if single else nullcontext)
 
 
-def _forward_torch(model, ids, reference, kina_function, compiled: bool = False) -> Case:
+def _forward_torch(model, ids, reference, kina_function, compiled: bool = False,
+                   threads: int | None = None) -> Case:
     torch = need("torch")
     from bench.peers import torch_storylm
     args = torch_storylm.tensors(*model.forward_args(ids))
@@ -112,7 +124,8 @@ def _forward_torch(model, ids, reference, kina_function, compiled: bool = False)
         _, extra["compile_s"] = timed_first_call(lambda: forward(*args))
     guard = _forward_guard(reference)
     return Case(lambda: forward(*args), lambda logits: guard(logits.numpy()),
-                torch.get_num_threads(), extra=extra)
+                threads or torch.get_num_threads(), context=lambda: torch_threads(threads),
+                extra=extra)
 
 
 def _forward_jax(model, ids, reference, kina_function) -> Case:
@@ -128,8 +141,11 @@ def _forward_jax(model, ids, reference, kina_function) -> Case:
 
 FORWARD_BUILDERS = {
     TILEGEN: _forward_tilegen,
+    TILEGEN_1T: lambda *a: _forward_tilegen(*a, threads=1),
     NUMPY: _forward_numpy,
+    NUMPY_1T: lambda *a: _forward_numpy(*a, single=True),
     TORCH: _forward_torch,
+    TORCH_1T: lambda *a: _forward_torch(*a, threads=1),
     TORCH_COMPILE: lambda *a: _forward_torch(*a, compiled=True),
     JAX: _forward_jax,
 }
@@ -149,22 +165,26 @@ def test_b4_forward(benchmark, provider, scaled, scaled_reference, kina_function
 # --------------------------------------------------------------------------- training step
 
 
-def _step_tilegen(model, ids, targets, reference, kina_function) -> Case:
-    step = kina_function(PROGRAM, "storylm_scaled_nll_step", needs_autodiff=True)
+def _step_tilegen(model, ids, targets, reference, kina_function,
+                  threads: int | None = None) -> Case:
+    step = kina_function(PROGRAM, "storylm_scaled_nll_step", needs_autodiff=True,
+                         threads=threads)
     args = (ids, targets, *model.weights(), model.mask, model.scale)
     out = (np.empty((), np.float32), *(np.empty_like(w) for w in model.weights()))
     return Case(lambda: step(*args, model.lr, out=out), _step_guard(model, reference),
-                tilegen_threads(), guard_call=lambda: step(*args, GUARD_LR))
+                threads or tilegen_threads(), guard_call=lambda: step(*args, GUARD_LR))
 
 
-def _step_numpy(model, ids, targets, reference, kina_function) -> Case:
+def _step_numpy(model, ids, targets, reference, kina_function, single: bool = False) -> Case:
     args = (ids, targets, *model.weights(), model.mask, model.scale)
     return Case(lambda: numpy_storylm.nll_step(*args, model.lr, heads=model.heads),
-                _step_guard(model, reference), numpy_threads(),
+                _step_guard(model, reference), 1 if single else numpy_threads(),
+                context=numpy_single_thread if single else nullcontext,
                 guard_call=lambda: numpy_storylm.nll_step(*args, GUARD_LR, heads=model.heads))
 
 
-def _step_torch(model, ids, targets, reference, kina_function, compiled: bool = False) -> Case:
+def _step_torch(model, ids, targets, reference, kina_function, compiled: bool = False,
+                threads: int | None = None) -> Case:
     torch = need("torch")
     from bench.peers import torch_storylm
     args = torch_storylm.tensors(ids, targets, *model.weights(), model.mask, model.scale)
@@ -181,7 +201,8 @@ def _step_torch(model, ids, targets, reference, kina_function, compiled: bool = 
         _, extra["compile_s"] = timed_first_call(lambda: step(*args, lr))
     guard = _step_guard(model, reference)
     return Case(lambda: step(*args, lr), lambda result: guard([t.numpy() for t in result]),
-                torch.get_num_threads(), extra=extra, guard_call=lambda: step(*args, guard_lr))
+                threads or torch.get_num_threads(), context=lambda: torch_threads(threads),
+                extra=extra, guard_call=lambda: step(*args, guard_lr))
 
 
 def _step_jax(model, ids, targets, reference, kina_function) -> Case:
@@ -203,8 +224,11 @@ def _step_jax(model, ids, targets, reference, kina_function) -> Case:
 
 STEP_BUILDERS = {
     TILEGEN: _step_tilegen,
+    TILEGEN_1T: lambda *a: _step_tilegen(*a, threads=1),
     NUMPY: _step_numpy,
+    NUMPY_1T: lambda *a: _step_numpy(*a, single=True),
     TORCH: _step_torch,
+    TORCH_1T: lambda *a: _step_torch(*a, threads=1),
     TORCH_COMPILE: lambda *a: _step_torch(*a, compiled=True),
     JAX: _step_jax,
 }

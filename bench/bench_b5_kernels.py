@@ -4,7 +4,8 @@ attention head block softmax(q @ k^T * scale + mask) @ v with T = 256, Dh = 64.
 
 Threads: NumPy (OpenBLAS) and PyTorch (MKL) run with their default thread count (all cores
 here), and again pinned to one thread (`numpy-1t`, `torch-1t`); JAX with XLA's default pool;
-numba single-threaded. tilegen runs with its own default (TILEGEN_NUM_THREADS overrides).
+numba single-threaded. tilegen runs with its own default (all cores), and `tilegen-1t` is the
+same program compiled with TILEGEN_NUM_THREADS=1.
 Outputs go to preallocated buffers where the API allows (`out=`), so no provider pays for
 page-faulting a fresh result. Every result is checked against float64 NumPy before timing.
 """
@@ -23,6 +24,7 @@ from bench.common import (
     NUMPY,
     NUMPY_1T,
     TILEGEN,
+    TILEGEN_1T,
     TORCH,
     TORCH_1T,
     TORCH_COMPILE,
@@ -67,15 +69,15 @@ MATMULS = (
     MatmulShape(333, 1000, 777, "matmul_333x1000x777"),
     MatmulShape(36, 4, 4, "matmul_36x4x4"),
 )
-MATMUL_PROVIDERS = (TILEGEN, NUMPY, NUMPY_1T, TORCH, TORCH_1T, JAX)
+MATMUL_PROVIDERS = (TILEGEN, TILEGEN_1T, NUMPY, NUMPY_1T, TORCH, TORCH_1T, JAX)
 
 SOFTMAX_SHAPE = (4096, 1024)
 SOFTMAX_GROUP = "B5 row softmax [4096, 1024]"
-SOFTMAX_PROVIDERS = (TILEGEN, NUMPY, TORCH, TORCH_1T, JAX, NUMBA)
+SOFTMAX_PROVIDERS = (TILEGEN, TILEGEN_1T, NUMPY, TORCH, TORCH_1T, JAX, NUMBA)
 
 ATTENTION_T, ATTENTION_DH = 256, 64
 ATTENTION_GROUP = f"B5 attention head T={ATTENTION_T} Dh={ATTENTION_DH}"
-ATTENTION_PROVIDERS = (TILEGEN, NUMPY, TORCH, TORCH_SDPA, TORCH_COMPILE, JAX)
+ATTENTION_PROVIDERS = (TILEGEN, TILEGEN_1T, NUMPY, TORCH, TORCH_SDPA, TORCH_COMPILE, JAX)
 
 
 def _random(seed: int, *shape: int) -> np.ndarray:
@@ -114,9 +116,10 @@ def _matmul_case(provider: str, shape: MatmulShape, data, kina_function) -> Case
     def check(c):
         check_close(what, np.asarray(c), expected, rtol=1e-5)
 
-    if provider == TILEGEN:
-        function = kina_function(BENCH_EXAMPLES / "matmul.kina", shape.function)
-        return Case(lambda: function(a, b, out=out), check, tilegen_threads())
+    if provider in (TILEGEN, TILEGEN_1T):
+        threads = 1 if provider == TILEGEN_1T else None
+        function = kina_function(BENCH_EXAMPLES / "matmul.kina", shape.function, threads=threads)
+        return Case(lambda: function(a, b, out=out), check, threads or tilegen_threads())
     if provider in (NUMPY, NUMPY_1T):
         def call():
             return np.matmul(a, b, out=out)
@@ -165,9 +168,11 @@ def _softmax_case(provider: str, x, expected, kina_function) -> Case:
     def check(y):
         check_close("row softmax", np.asarray(y), expected, rtol=1e-5)
 
-    if provider == TILEGEN:
-        function = kina_function(BENCH_EXAMPLES / "softmax.kina", "softmax_rows")
-        return Case(lambda: function(x, out=out), check, tilegen_threads())
+    if provider in (TILEGEN, TILEGEN_1T):
+        threads = 1 if provider == TILEGEN_1T else None
+        function = kina_function(BENCH_EXAMPLES / "softmax.kina", "softmax_rows",
+                                 threads=threads)
+        return Case(lambda: function(x, out=out), check, threads or tilegen_threads())
     if provider == NUMPY:
         return Case(lambda: kernels.softmax_numpy(x), check, 1)  # NumPy ufuncs: one thread
     if provider in (TORCH, TORCH_1T):
@@ -222,9 +227,11 @@ def _attention_case(provider: str, inputs, expected, kina_function) -> Case:
     def check(y):
         check_close("attention head", np.asarray(y), expected, rtol=1e-5)
 
-    if provider == TILEGEN:
-        function = kina_function(BENCH_EXAMPLES / "attention.kina", "attention_head")
-        return Case(lambda: function(*inputs, out=out), check, tilegen_threads())
+    if provider in (TILEGEN, TILEGEN_1T):
+        threads = 1 if provider == TILEGEN_1T else None
+        function = kina_function(BENCH_EXAMPLES / "attention.kina", "attention_head",
+                                 threads=threads)
+        return Case(lambda: function(*inputs, out=out), check, threads or tilegen_threads())
     if provider == NUMPY:
         return Case(lambda: kernels.attention_numpy(*inputs), check, numpy_threads())
     if provider in (TORCH, TORCH_SDPA, TORCH_COMPILE):

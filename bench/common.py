@@ -25,6 +25,7 @@ BENCH_EXAMPLES = EXAMPLES / "bench"
 
 # Provider names, in the order the report lists them.
 TILEGEN = "tilegen"
+TILEGEN_1T = "tilegen-1t"  # compiled with TILEGEN_NUM_THREADS=1, against the -1t peers
 NUMPY = "numpy"
 NUMPY_1T = "numpy-1t"
 TORCH = "torch"
@@ -41,8 +42,8 @@ TILEGEN_SAME_PROCESS = "tilegen-same-process"
 TORCH_COMPILE_COLD = "torch.compile-cold"
 JAX_COLD = "jax-cold"
 NUMBA_COLD = "numba-cold"
-PROVIDERS = (TILEGEN, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA, TORCH_COMPILE, JAX,
-             JAX_FORI, NUMBA, TILEGEN_COLD, TILEGEN_SAME_PROCESS, TORCH_COMPILE_COLD,
+PROVIDERS = (TILEGEN, TILEGEN_1T, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA, TORCH_COMPILE,
+             JAX, JAX_FORI, NUMBA, TILEGEN_COLD, TILEGEN_SAME_PROCESS, TORCH_COMPILE_COLD,
              JAX_COLD, NUMBA_COLD)
 
 SHORT_MODE_NOTE = "short mode (--benchmark-disable)"

@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
@@ -96,6 +97,22 @@ def full_run_only(short_mode):
     return skip_if_short
 
 
+@contextmanager
+def _tilegen_threads(threads: int | None):
+    if threads is None:
+        yield
+        return
+    before = os.environ.get("TILEGEN_NUM_THREADS")
+    os.environ["TILEGEN_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TILEGEN_NUM_THREADS"]
+        else:
+            os.environ["TILEGEN_NUM_THREADS"] = before
+
+
 @pytest.fixture(scope="session")
 def kina_function():
     """`get(path, name)`: a tilegen-compiled function; each program is compiled once per
@@ -110,13 +127,14 @@ def kina_function():
     modules = {}
     functions = {}
 
-    def get(path, name: str, needs_autodiff: bool = False):
-        key = (path, name)
+    def get(path, name: str, needs_autodiff: bool = False, threads: int | None = None):
+        key = (path, name, threads)
         if key not in functions:
             try:
-                if path not in modules:
-                    modules[path] = compile_kina(path)
-                functions[key] = getattr(modules[path], name)
+                with _tilegen_threads(threads):
+                    if (path, threads) not in modules:
+                        modules[path, threads] = compile_kina(path)
+                    functions[key] = getattr(modules[path, threads], name)
             except KinaError as error:
                 functions[key] = error
         compiled = functions[key]

@@ -12,7 +12,9 @@ the chart (default .png). The report has:
 - issue 8's targets as ratios with a verdict column, computed from the measured medians;
 - per group: each provider's median, IQR and rounds, threads, the per-unit figure (per step,
   per token), GF/s for matmuls, the first-call (compile) time, and the speed-up of tilegen
-  over that provider = provider median / tilegen median (> 1: tilegen is faster);
+  over that provider = provider median / tilegen median (> 1: tilegen is faster); where the
+  group has `tilegen-1t` (compiled with TILEGEN_NUM_THREADS=1), also its speed-up over the
+  single-threaded rows;
 - the peers' medians against the figures issue 8 quotes for this machine.
 
 Everything is computed from the JSON; nothing about the outcome is written in by hand.
@@ -34,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Row order within a group (bench.common.PROVIDERS, repeated here so this script stands alone).
-PROVIDER_ORDER = ("tilegen", "numpy", "numpy-1t", "torch", "torch-1t", "torch-sdpa",
+PROVIDER_ORDER = ("tilegen", "tilegen-1t", "numpy", "numpy-1t", "torch", "torch-1t", "torch-sdpa",
                   "torch.compile", "jax", "jax-fori", "numba", "tilegen-cold",
                   "tilegen-same-process", "torch.compile-cold", "jax-cold", "numba-cold")
 BASELINES = ("tilegen", "tilegen-cold")  # whose time the speed-ups divide by
@@ -335,7 +337,9 @@ def _group_section(name: str, results: dict[str, Result]) -> list[str]:
     show_first = any(results[p].extra.get("compile_s") for p in providers)
     header = ["provider", "threads", "median", "IQR", "rounds"]
     header += ["per " + "/".join(units)] * show_per + ["GF/s"] * show_gflops
+    single = results.get("tilegen-1t")
     header += ["first call"] * show_first + ["tilegen speed-up"]
+    header += ["tilegen-1t speed-up (1-thread rows)"] * (single is not None)
     rows = []
 
     def note_row(label: str, value: str) -> None:
@@ -355,6 +359,9 @@ def _group_section(name: str, results: dict[str, Result]) -> list[str]:
             row.append(format_time(first) if first else "—")
         tilegen_row = provider.startswith("tilegen") or base is None
         row.append("—" if tilegen_row or ratio is None else f"{ratio:.2f}×")
+        if single is not None:
+            one_thread = result.extra.get("threads") == 1 and not tilegen_row
+            row.append(f"{result.median / single.median:.2f}×" if one_thread else "—")
         rows.append(row)
         if provider == "torch.compile" and first:
             note_row("torch.compile: compile (first call)", format_time(first))

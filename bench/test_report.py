@@ -33,6 +33,8 @@ def _run():
             _bench(report.B2, "numba", 120e-6, units=120, unit="step"),
             _bench("B5 matmul 1024^3", "tilegen", 0.02, flops=2 * 1024 ** 3),
             _bench("B5 matmul 1024^3", "numpy", 0.01, flops=2 * 1024 ** 3),
+            _bench("B5 matmul 1024^3", "tilegen-1t", 0.04, flops=2 * 1024 ** 3),
+            _bench("B5 matmul 1024^3", "numpy-1t", 0.02, flops=2 * 1024 ** 3),
             _bench("B5 matmul 1024^3", "torch.compile", 0.01, compile_s=3.0),
             _bench(report.B6_FORWARD, "tilegen-cold", 0.1, import_s=0.4, frontend_s=0.02,
                    machine_code_s=0.08),
@@ -66,6 +68,8 @@ def test_report_tables(tmp_path):
     assert "torch.compile: compile (first call)" in text
     assert "frontend 20 ms + machine code 80 ms" in text
     assert "25% of all cores' time" in text
+    # numpy-1t (threads 1): 0.02 / 0.04 against tilegen-1t, 0.02 / 0.02 against tilegen
+    assert "| numpy-1t | 1 | 20 ms | 2 ms | 7 | 107.4 | — | 1.00× | 0.50× |" in text
 
 
 def test_main_writes_markdown_and_chart_atomically(tmp_path, capsys):
