@@ -416,6 +416,7 @@ def write_chart(run: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     groups = load_results(run)
     names = ordered_groups(groups)
@@ -430,6 +431,7 @@ def write_chart(run: dict, path: Path) -> None:
         colors = ["tab:orange" if p.startswith("tilegen") else "tab:blue" for p in providers]
         axis.barh(providers, medians, color=colors)
         axis.set_xscale("log")
+        axis.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short spans
         axis.invert_yaxis()
         axis.set_title(name, fontsize=9)
         axis.tick_params(labelsize=7)
@@ -439,17 +441,25 @@ def write_chart(run: dict, path: Path) -> None:
         axis.set_visible(False)
     figure.suptitle("tilegen vs peers: median time per timed call (log scale; lower is "
                     "better)", fontsize=11)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.98))  # room for the title
     handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png",
                                        dir=path.parent)
     os.close(handle)
     try:
         figure.savefig(staging, dpi=110)
-        os.replace(staging, path)
+        _publish(staging, path)
     finally:
         plt.close(figure)
         if os.path.exists(staging):
             os.unlink(staging)
+
+
+def _publish(staging: str, path: Path) -> None:
+    """Give the temporary file the usual permissions (mkstemp makes it 0600), then rename."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(staging, 0o666 & ~mask)
+    os.replace(staging, path)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -458,7 +468,7 @@ def write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
-        os.replace(staging, path)
+        _publish(staging, path)
     finally:
         if os.path.exists(staging):
             os.unlink(staging)
