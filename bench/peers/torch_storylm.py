@@ -14,7 +14,10 @@ from torch.func import grad_and_value
 
 
 def tensors(*arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+    """Tensors sharing the arrays' memory; read-only arrays (the fixture's) are copied once,
+    since PyTorch has no read-only tensors."""
+    return tuple(torch.from_numpy(a if a.flags.writeable and a.flags.c_contiguous
+                                  else np.array(a, order="C")) for a in arrays)
 
 
 def forward(ids, embed, mask, scale, wq, wk, wv, wo, lm_head, heads: int):
