@@ -8,6 +8,8 @@ Also here: the call overhead with the same nine arguments and no work
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -104,7 +106,7 @@ BUILDERS = {
     TILEGEN: _tilegen,
     NUMPY: _numpy,
     TORCH: _torch,
-    TORCH_COMPILE: lambda *a: _torch(*a, compiled=True),
+    TORCH_COMPILE: partial(_torch, compiled=True),
     JAX: _jax,
     NUMBA: _numba,
 }

@@ -9,6 +9,8 @@ storylm.reference.rollout run in float64.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -161,9 +163,9 @@ BUILDERS = {
     TILEGEN: _tilegen,
     NUMPY: _numpy,
     TORCH: _torch,
-    TORCH_COMPILE: lambda *a: _torch(*a, compiled=True),
+    TORCH_COMPILE: partial(_torch, compiled=True),
     JAX: _jax,
-    JAX_FORI: lambda *a: _jax(*a, fori=True),
+    JAX_FORI: partial(_jax, fori=True),
     NUMBA: _numba,
 }
 

@@ -17,6 +17,7 @@ reference gradient of each weight (relative to its largest entry), and the loss.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 import pytest
@@ -141,12 +142,12 @@ def _forward_jax(model, ids, reference, kina_function) -> Case:
 
 FORWARD_BUILDERS = {
     TILEGEN: _forward_tilegen,
-    TILEGEN_1T: lambda *a: _forward_tilegen(*a, threads=1),
+    TILEGEN_1T: partial(_forward_tilegen, threads=1),
     NUMPY: _forward_numpy,
-    NUMPY_1T: lambda *a: _forward_numpy(*a, single=True),
+    NUMPY_1T: partial(_forward_numpy, single=True),
     TORCH: _forward_torch,
-    TORCH_1T: lambda *a: _forward_torch(*a, threads=1),
-    TORCH_COMPILE: lambda *a: _forward_torch(*a, compiled=True),
+    TORCH_1T: partial(_forward_torch, threads=1),
+    TORCH_COMPILE: partial(_forward_torch, compiled=True),
     JAX: _forward_jax,
 }
 
@@ -176,11 +177,16 @@ def _step_tilegen(model, ids, targets, reference, kina_function,
 
 
 def _step_numpy(model, ids, targets, reference, kina_function, single: bool = False) -> Case:
-    args = (ids, targets, *model.weights(), model.mask, model.scale)
-    return Case(lambda: numpy_storylm.nll_step(*args, model.lr, heads=model.heads),
-                _step_guard(model, reference), 1 if single else numpy_threads(),
+    embed, wq, wk, wv, wo, lm_head = model.weights()
+
+    def step(lr: np.ndarray) -> tuple[np.ndarray, ...]:
+        return numpy_storylm.nll_step(ids, targets, embed, wq, wk, wv, wo, lm_head, model.mask,
+                                      model.scale, lr, heads=model.heads)
+
+    return Case(lambda: step(model.lr), _step_guard(model, reference),
+                1 if single else numpy_threads(),
                 context=numpy_single_thread if single else nullcontext,
-                guard_call=lambda: numpy_storylm.nll_step(*args, GUARD_LR, heads=model.heads))
+                guard_call=lambda: step(GUARD_LR))
 
 
 def _step_torch(model, ids, targets, reference, kina_function, compiled: bool = False,
@@ -224,12 +230,12 @@ def _step_jax(model, ids, targets, reference, kina_function) -> Case:
 
 STEP_BUILDERS = {
     TILEGEN: _step_tilegen,
-    TILEGEN_1T: lambda *a: _step_tilegen(*a, threads=1),
+    TILEGEN_1T: partial(_step_tilegen, threads=1),
     NUMPY: _step_numpy,
-    NUMPY_1T: lambda *a: _step_numpy(*a, single=True),
+    NUMPY_1T: partial(_step_numpy, single=True),
     TORCH: _step_torch,
-    TORCH_1T: lambda *a: _step_torch(*a, threads=1),
-    TORCH_COMPILE: lambda *a: _step_torch(*a, compiled=True),
+    TORCH_1T: partial(_step_torch, threads=1),
+    TORCH_COMPILE: partial(_step_torch, compiled=True),
     JAX: _step_jax,
 }
 

@@ -239,7 +239,8 @@ def _attention_case(provider: str, inputs, expected, kina_function) -> Case:
         tensors = tuple(torch.from_numpy(x) for x in inputs)
         if provider == TORCH_SDPA:
             scale = float(inputs[4][0, 0])
-            return _torch_case(lambda: kernels.attention_torch_sdpa(*tensors[:4], scale),
+            q, k, v, mask = tensors[:4]
+            return _torch_case(lambda: kernels.attention_torch_sdpa(q, k, v, mask, scale),
                                lambda y: check(y.numpy()), None, torch)
         if provider == TORCH:
             return _torch_case(lambda: kernels.attention_torch(*tensors),

@@ -70,7 +70,7 @@ def probe_peer(peer: str) -> dict:
         from bench.peers import numba_storylm
         out = np.empty((1, ids.shape[1], model.vocab), np.float32)
         imported = time.perf_counter()
-        numba_storylm.forward_into(*args, model.heads, out)
+        numba_storylm.forward_into(*args, model.heads, out)  # type: ignore[call-arg]
     else:
         raise SystemExit(f"unknown peer {peer!r}")
     done = time.perf_counter()

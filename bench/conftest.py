@@ -179,7 +179,7 @@ def machine_facts() -> dict:
     import llvmlite.binding as llvm
     from threadpoolctl import threadpool_info
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in LIBRARIES:
         try:
             versions[name] = metadata.version(name)

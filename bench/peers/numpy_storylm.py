@@ -83,7 +83,10 @@ def nll_and_grads(ids, targets, embed, wq, wk, wv, wo, lm_head, mask, scale, *, 
     return loss, (d_embed, *grads, d_wo, d_lm_head)
 
 
-def nll_step(ids, targets, embed, wq, wk, wv, wo, lm_head, mask, scale, lr, *, heads: int):
+def nll_step(ids: np.ndarray, targets: np.ndarray, embed: np.ndarray, wq: np.ndarray,
+             wk: np.ndarray, wv: np.ndarray, wo: np.ndarray, lm_head: np.ndarray,
+             mask: np.ndarray, scale: np.ndarray, lr: np.ndarray, *,
+             heads: int) -> tuple[np.ndarray, ...]:
     """(nll, embed', wq', wk', wv', wo', lm_head'): the storylm0_nll_step contract."""
     loss, grads = nll_and_grads(ids, targets, embed, wq, wk, wv, wo, lm_head, mask, scale,
                                 heads=heads)

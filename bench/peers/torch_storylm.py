@@ -41,7 +41,8 @@ def nll(ids, targets, embed, wq, wk, wv, wo, lm_head, mask, scale, heads: int):
 def eager_step(ids, targets, embed, wq, wk, wv, wo, lm_head, mask, scale, lr, heads: int):
     """(nll, embed', ..., lm_head') with autograd; the inputs are not modified."""
     leaves = [w.detach().requires_grad_(True) for w in (embed, wq, wk, wv, wo, lm_head)]
-    loss = nll(ids, targets, *leaves, mask, scale, heads)
+    embed, wq, wk, wv, wo, lm_head = leaves
+    loss = nll(ids, targets, embed, wq, wk, wv, wo, lm_head, mask, scale, heads)
     grads = torch.autograd.grad(loss, leaves)
     with torch.no_grad():
         return (loss.detach(), *(w - lr * g for w, g in zip(leaves, grads, strict=True)))
