@@ -76,7 +76,7 @@ def test_campaign_is_reproducible():
 
 
 def _compilable(program) -> bool:
-    """Accepted programs outside the two known backend bugs (xfails below)."""
+    """Accepted programs with something to compare and small enough to run quickly."""
     from kina_frontend.interpreter import main_outputs
 
     for function in program.functions:
@@ -87,7 +87,7 @@ def _compilable(program) -> bool:
 
 
 def test_accepted_mutants_compile_and_match_the_interpreter():
-    """Twenty accepted mutants (deep-nesting ones excluded: see the unary-chain xfail) are
+    """Twenty accepted mutants (deep-nesting and long ones have their own tests below) are
     compiled in-process, called on generated inputs and compared with the interpreter."""
     rng = np.random.default_rng(0)
     compiled = 0
@@ -252,11 +252,8 @@ def test_random_bytes_never_escape():
         _assert_no_finding(bytes(rng.randrange(256) for _ in range(rng.randint(0, 400))))
 
 
-# ---- known backend bugs found by the fuzzer's compile sample --------------------------------
+# ---- backend bugs the fuzzer's compile sample found (fixed; kept as regression tests) -----
 
-@pytest.mark.xfail(strict=True, reason="kina_frontend/ops/elementwise.py _unary_lower calls "
-                   "x.at(index) twice, so lowering a chain of n unary ops builds 2**n loop-IR "
-                   "nodes: 30 chained exp/tanh/neg never finish compiling")
 def test_lowering_a_chain_of_unary_ops_is_linear(monkeypatch):
     from tilegen import loopir
     from tilegen.api import compile_program
@@ -278,10 +275,6 @@ def test_lowering_a_chain_of_unary_ops_is_linear(monkeypatch):
     assert built[0] <= 20 * depth, f"{built[0]} Unary nodes for {depth} unary ops"
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="tilegen lowering fuses a chain of elementwise ops into nested views "
-                   "and recurses once per op: 1 200 chained lets (or a call chain of that "
-                   "depth, once inlined) raise RecursionError instead of compiling")
 def test_long_elementwise_chain_compiles():
     from tilegen.api import compile_program
 

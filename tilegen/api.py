@@ -44,7 +44,7 @@ def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
         cached = MEMORY.get(key)
         if cached is not None:
             return cached
-    disk = DiskCache(settings.cache_dir) if settings.cache_dir and jit else None
+    disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
     plans = disk.load_plans(key) if disk is not None else None
     if plans is None:
         plans = plan_program(frontend(), names, settings)

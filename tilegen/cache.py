@@ -22,6 +22,7 @@ import os
 import pickle
 import tempfile
 import threading
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 
@@ -87,6 +88,21 @@ class DiskCache:
 
     def __init__(self, directory: str):
         self.root = Path(directory)
+
+    @classmethod
+    def open(cls, directory: str) -> DiskCache | None:
+        """The cache at `directory`, or None (with a warning) when it cannot be used: the
+        cache only saves time, so an unusable one never stops a compile."""
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+                pass
+        except OSError as error:
+            warnings.warn(f"TILEGEN_CACHE_DIR={directory!r} is not usable "
+                          f"({error.strerror or error}); compiling without the disk cache",
+                          RuntimeWarning, stacklevel=3)
+            return None
+        return cls(directory)
 
     def _entry(self, key: str) -> Path:
         return self.root / key[:2] / key

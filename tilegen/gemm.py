@@ -224,67 +224,132 @@ class _GemmEmitter:
     # ---- the micro-kernel ---------------------------------------------------------------------
 
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first) -> None:
-        t = self.tiles
+        t, g, b = self.tiles, self.g, self.b
+        kernel = micro_kernel_function(self.cg.module, g.dtype, t.mr, t.nr, self.a_stride)
+        out = self.cg.pointers[g.out]
+        flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
+        batch_offset = b.mul(flat_batch, self.const(g.m * g.n))
 
         def panel(jr, carried):
+            col0 = b.add(jc, jr)
+            columns = b.sub(self.const(g.n), col0)
+
             def block(ir_, carried):
-                accumulators = self.micro_kernel(packed_a, packed_b, ir_, jr, kc)
-                self.store(accumulators, self.b.add(ic, ir_), row_hi, self.b.add(jc, jr), first)
+                row0 = b.add(ic, ir_)
+                c = self.gep(out, b.add(batch_offset, b.add(b.mul(row0, self.const(g.n)), col0)))
+                b.call(kernel, [self.gep(packed_a, b.mul(ir_, self.const(self.a_stride))),
+                                self.gep(packed_b, b.mul(jr, kc)), kc, c, self.const(g.n),
+                                b.sub(row_hi, row0), columns, first])
                 return carried
             self.cg._loop(self.const(0), mc, t.mr, [], block)
             return carried
         self.cg._loop(self.const(0), nc, t.nr, [], panel)
 
-    def micro_kernel(self, packed_a, packed_b, row, jr, kc) -> list[ir.Value]:
-        t, b = self.tiles, self.b
-        zero = ir.Constant(self.vector, None)
-        count = t.mr * self.vectors_per_row
-        a_base = self.gep(packed_a, b.mul(row, self.const(self.a_stride)))
-        b_base = self.gep(packed_b, b.mul(jr, kc))
-        fma = self.cg._intrinsic("llvm.fma", self.vector, [self.vector] * 3)
 
-        def step(k, accumulators):
-            b_row = self.gep(b_base, b.mul(k, self.const(t.nr)))
-            columns = [b.load(self.gep(b_row, self.const(part * self.lanes)), typ=self.vector,
-                              align=BYTES[self.g.dtype])
-                       for part in range(self.vectors_per_row)]
-            updated = []
-            for r in range(t.mr):
-                a_value = b.load(self.gep(a_base, b.add(k, self.const(r * self.a_stride))),
-                                 typ=self.element)
-                broadcast = self.cg._splat(a_value, self.lanes)
-                for part in range(self.vectors_per_row):
-                    index = r * self.vectors_per_row + part
-                    updated.append(b.call(fma, [broadcast, columns[part], accumulators[index]]))
-            return updated
-        return self.cg._loop(self.const(0), kc, 1, [zero] * count, step)
+def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
+                          a_stride: int) -> ir.Function:
+    """`void mk(ptr a, ptr b, i64 kc, ptr c, i64 ldc, i64 rows, i64 cols, i1 first)`:
+    C[r, j] (+)= sum over k < kc of Ap[r * a_stride + k] * Bp[k * nr + j], for r < rows
+    (at most mr) and j < cols (at most nr); `first` overwrites instead of accumulating.
+    One definition per register block in a module, shared by every gemm (small IR, fast
+    compiles); its k loop keeps the mr x nr/lanes accumulators in registers."""
+    name = f"tilegen.gemm.{dtype}.{mr}x{nr}.s{a_stride}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    lanes, element = LANES[dtype], ELEMENT[dtype]
+    vector = ir.VectorType(element, lanes)
+    parts = nr // lanes
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1])
+    function = ir.Function(module, fnty, name)
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    function.attributes.add("noinline")
+    a, bp, kc, c, ldc, rows, cols, first = function.args
+    for arg in (a, bp, c):
+        arg.add_attribute("noalias")
+    b = ir.IRBuilder(function.append_basic_block("entry"))
 
-    def store(self, accumulators, row0, row_hi, col0, first) -> None:
-        t, g, b = self.tiles, self.g, self.b
-        out = self.cg.pointers[g.out]
-        stride = g.m * g.n
-        flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
-        batch_offset = b.mul(flat_batch, self.const(stride))
-        masks = [self.lane_mask(b.add(col0, self.const(part * self.lanes)), self.const(g.n))
-                 for part in range(self.vectors_per_row)]
-        masked_load = self.cg._intrinsic("llvm.masked.load", self.vector,
-                                         [PTR, ir.IntType(32), masks[0].type, self.vector])
-        masked_store = self.cg._intrinsic("llvm.masked.store", None,
-                                          [self.vector, PTR, ir.IntType(32), masks[0].type],
-                                          overload=(self.vector,))
-        align = ir.Constant(ir.IntType(32), BYTES[g.dtype])
-        for r in range(t.mr):
-            row = b.add(row0, self.const(r))
-            with b.if_then(b.icmp_signed("<", row, row_hi)):
-                row_offset = b.add(batch_offset, b.mul(row, self.const(g.n)))
-                for part in range(self.vectors_per_row):
-                    column = b.add(col0, self.const(part * self.lanes))
-                    pointer = self.gep(out, b.add(row_offset, column))
-                    value = accumulators[r * self.vectors_per_row + part]
-                    previous = b.call(masked_load, [pointer, align, masks[part],
-                                                    ir.Constant(self.vector, None)])
-                    total = b.select(first, value, b.fadd(previous, value))
-                    b.call(masked_store, [total, pointer, align, masks[part]])
+    def const(value):
+        return ir.Constant(I64, value)
+
+    def gep(base, offset):
+        pointer = b.gep(base, [offset], source_etype=element)
+        pointer.type = PTR
+        return pointer
+
+    def declare(full, ret, args):
+        found = module.globals.get(full)
+        return found if found is not None else ir.Function(module, ir.FunctionType(ret, args),
+                                                           full)
+
+    def splat(value, ty):
+        inserted = b.insert_element(ir.Constant(ir.VectorType(ty, lanes), None), value,
+                                    ir.Constant(i32, 0))
+        return b.shuffle_vector(inserted, ir.Constant(ir.VectorType(ty, lanes), None),
+                                ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+
+    suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
+    fma = declare(f"llvm.fma.{suffix}", vector, [vector] * 3)
+    mask_type = ir.VectorType(I1, lanes)
+    masked_load = declare(f"llvm.masked.load.{suffix}.p0", vector, [PTR, i32, mask_type, vector])
+    masked_store = declare(f"llvm.masked.store.{suffix}.p0", ir.VoidType(),
+                           [vector, PTR, i32, mask_type])
+
+    # The k loop, accumulators carried as phis.
+    entry = b.block
+    loop = function.append_basic_block("k")
+    done = function.append_basic_block("store")
+    b.cbranch(b.icmp_signed(">", kc, const(0)), loop, done)
+    b.position_at_end(loop)
+    k = b.phi(I64, name="k")
+    k.add_incoming(const(0), entry)
+    zero = ir.Constant(vector, None)
+    accumulators = []
+    for _ in range(mr * parts):
+        phi = b.phi(vector)
+        phi.add_incoming(zero, entry)
+        accumulators.append(phi)
+    b_row = gep(bp, b.mul(k, const(nr)))
+    columns = [b.load(gep(b_row, const(part * lanes)), typ=vector, align=BYTES[dtype])
+               for part in range(parts)]
+    updated = []
+    for r in range(mr):
+        broadcast = splat(b.load(gep(a, b.add(k, const(r * a_stride))), typ=element), element)
+        for part in range(parts):
+            updated.append(b.call(fma, [broadcast, columns[part],
+                                        accumulators[r * parts + part]]))
+    following = b.add(k, const(1), flags=("nsw",))
+    latch = b.block
+    k.add_incoming(following, latch)
+    for phi, value in zip(accumulators, updated, strict=True):
+        phi.add_incoming(value, latch)
+    b.cbranch(b.icmp_signed("<", following, kc), loop, done)
+
+    # Store: rows below `rows`, lanes below `cols`; accumulate unless `first`.
+    b.position_at_end(done)
+    finals = []
+    for value in updated:
+        merged = b.phi(vector)
+        merged.add_incoming(zero, entry)
+        merged.add_incoming(value, latch)
+        finals.append(merged)
+    steps = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    masks = [b.icmp_signed("<", b.add(splat(const(part * lanes), I64), steps),
+                           splat(cols, I64)) for part in range(parts)]
+    align = ir.Constant(i32, BYTES[dtype])
+    for r in range(mr):
+        with b.if_then(b.icmp_signed("<", const(r), rows)):
+            row = gep(c, b.mul(const(r), ldc))
+            for part in range(parts):
+                pointer = gep(row, const(part * lanes))
+                value = finals[r * parts + part]
+                previous = b.call(masked_load, [pointer, align, masks[part], zero])
+                total = b.select(first, value, b.fadd(previous, value))
+                b.call(masked_store, [total, pointer, align, masks[part]])
+    b.ret_void()
+    return function
 
 
 def _flat_batch(g: L.Gemm) -> L.Expr:

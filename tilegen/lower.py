@@ -25,6 +25,10 @@ from . import loopir as L
 from .affine import IndexSimplifier
 from .config import Config
 
+# A fused chain deeper than this is stored and restarted: expression trees (and the
+# recursion that builds and compiles them) stay bounded for chains of any length.
+MAX_FUSION_DEPTH = 48
+
 # Matrix products with at least this many multiply-adds use the packed micro-kernel
 # (tilegen/gemm.py); smaller ones stay fused `Reduce` expressions.
 GEMM_MIN_WORK = 1 << 16
@@ -46,6 +50,7 @@ class View:
     at: Callable[[tuple[L.Expr, ...]], L.Expr]
     buffer: str | None = None
     param: str | None = None  # the function parameter this view reads, if it is one
+    depth: int = 0  # how many fused ops deep its element expression is
 
 
 class LowerContext:
@@ -222,8 +227,13 @@ def lower_function(function: Function, kernel_name: str | None = None,
             buffer = ctx.add_buffer(result.name, result.type, "temp")
             _write(ctx, produced, buffer)
             produced = ctx.buffer_view(buffer, result.type)
-        elif uses.get(result.name, 0) > 1:
-            produced = ctx.reusable(produced, uses[result.name])
+        else:
+            operand_depth = max((views[v.name].depth for v in op.operands), default=0)
+            produced.depth = max(produced.depth, operand_depth + 1)
+            if produced.depth > MAX_FUSION_DEPTH:
+                produced = ctx.materialize(produced, result.name)
+            elif uses.get(result.name, 0) > 1:
+                produced = ctx.reusable(produced, uses[result.name])
         views[result.name] = produced
     ctx.current = None
     for position, value in enumerate(function.results):

@@ -86,8 +86,13 @@ class CompiledFunction:
                 raise ArgumentError(f"{self.name}(): argument '{name}' is not an array: "
                                     f"{error}") from None
         if arg.dtype != dtype:
-            raise ArgumentError(f"{self.name}(): argument '{name}' must have dtype {dtype.name}"
-                                f", got {arg.dtype.name}")
+            if arg.dtype.newbyteorder("=") == dtype:
+                # The right element type in the other byte order: converted once, like a
+                # non-contiguous view is.
+                arg = arg.astype(dtype)
+            else:
+                raise ArgumentError(f"{self.name}(): argument '{name}' must have dtype "
+                                    f"{dtype.name}, got {_dtype_text(arg.dtype)}")
         if arg.shape != shape:
             raise ArgumentError(f"{self.name}(): argument '{name}' must have shape "
                                 f"{list(shape)}, got {list(arg.shape)}")
@@ -99,7 +104,13 @@ class CompiledFunction:
     def _outputs(self, out, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if out is None:
             return [np.empty(shape, dtype) for dtype, shape in self.results]
-        given = [out] if isinstance(out, np.ndarray) else list(out)
+        if isinstance(out, np.ndarray):
+            given = [out]
+        elif isinstance(out, (tuple, list)):
+            given = list(out)
+        else:
+            raise ArgumentError(f"{self.name}(): out= must be an array or a tuple of arrays, got "
+                                f"{type(out).__name__}")
         if len(given) != len(self.results):
             raise ArgumentError(f"{self.name}(): out= needs {len(self.results)} array(s), got "
                                 f"{len(given)}")
@@ -109,7 +120,7 @@ class CompiledFunction:
                 raise ArgumentError(f"{what} must be a numpy array")
             if array.dtype != dtype or array.shape != shape:
                 raise ArgumentError(f"{what} must be {dtype.name}{list(shape)}, got "
-                                    f"{array.dtype.name}{list(array.shape)}")
+                                    f"{_dtype_text(array.dtype)}{list(array.shape)}")
             if not array.flags.c_contiguous:
                 raise ArgumentError(f"{what} must be C-contiguous")
             if not array.flags.writeable:
@@ -135,6 +146,13 @@ class CompiledFunction:
             f"{where} is out of range [0, {site.limit})")
 
 
+def _dtype_text(dtype: np.dtype) -> str:
+    """A dtype's name, with its byte order when that is what differs (`>f4 (big-endian)`)."""
+    if dtype.byteorder == ">":
+        return f"{dtype.str} (big-endian)"
+    return dtype.name
+
+
 def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
     """A plain Python function with the Kina signature that calls the native entry and
     falls back to `slow` (which validates and raises) when the entry declines."""
@@ -144,16 +162,21 @@ def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
               for i, (name, _, _) in enumerate(slow.params)]
     outs = [f"o{i}" for i in range(len(slow.results))]
     args = ", ".join(params)
-    returned = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
+    returned = outs[0] if len(outs) == 1 else "(" + "".join(o + ", " for o in outs) + ")"
     lines = [f"def {slow.name}({args}{', ' if args else ''}*, out=None):",
              "    if out is None:"]
     lines += [f"        o{i} = _empty(_shape{i}, _dtype{i})" for i in range(len(outs))]
     lines += [f"        if _entry({', '.join(params + outs)}) is None:",
               f"            return {returned}",
               f"        return _slow({args})",
-              "    given = (out,) if type(out) is _ndarray else tuple(out)",
-              f"    if len(given) == {len(outs)} and _entry({args}{', ' if args else ''}*given) "
-              "is None:",
+              "    if type(out) is _ndarray:",
+              "        given = (out,)",
+              "    elif type(out) is tuple or type(out) is list:",
+              "        given = tuple(out)",
+              "    else:",
+              "        given = ()",
+              f"    if given and len(given) == {len(outs)} and "
+              f"_entry({args}{', ' if args else ''}*given) is None:",
               "        return given[0] if len(given) == 1 else given",
               "    return _slow(" + args + (", " if args else "") + "out=out)"]
     namespace = {"_empty": np.empty, "_ndarray": np.ndarray, "_entry": entry, "_slow": slow,
@@ -312,16 +335,22 @@ def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
                                  "-lgomp"], capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise KinaError("io", f"linking {path} failed: {result.stderr.strip()}", None)
-        handle_fd, staging = tempfile.mkstemp(prefix=".tilegen-", suffix=".so", dir=directory)
-        os.close(handle_fd)
+        if os.path.isdir(path):
+            raise KinaError("io", f"cannot write '{path}': it is a directory", None)
+        staging = None
         try:
+            handle_fd, staging = tempfile.mkstemp(prefix=".tilegen-", suffix=".so",
+                                                  dir=directory)
+            os.close(handle_fd)
             shutil.copyfile(linked, staging)
             os.chmod(staging, 0o755)
             os.replace(staging, path)
-        except BaseException:
-            if os.path.exists(staging):
+        except OSError as error:
+            raise KinaError("io", f"cannot write '{path}': {error.strerror or error}",
+                            None) from None
+        finally:
+            if staging is not None and os.path.exists(staging):
                 os.unlink(staging)
-            raise
 
 
 def load_shared_library(plans: list[KernelPlan], path: str) -> CompiledModule:

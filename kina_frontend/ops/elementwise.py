@@ -76,8 +76,10 @@ def _binary_lower(opname: str):
 def _unary_lower(opname: str):
     def lower(ctx, op, operands):
         (x,) = operands
-        return ctx.view(op.result.type,
-                        lambda index: L.Unary(opname, x.at(index), x.at(index).dtype))
+        def at(index):
+            operand = x.at(index)  # once: chains of unary ops stay linear in size
+            return L.Unary(opname, operand, operand.dtype)
+        return ctx.view(op.result.type, at)
     return lower
 
 
