@@ -50,6 +50,24 @@ class KernelPlan:
     def entry_symbol(self) -> str:
         return ENTRY_PREFIX + self.kernel.name
 
+    @property
+    def canonical_key(self) -> str:
+        """The prepared function with its values renamed by position: two functions with the
+        same key compute the same thing (an @main that only calls the forward, say) and can
+        share machine code."""
+        names: dict[str, str] = {}
+        for position, param in enumerate(self.function.params):
+            names[param.name] = f"p{position}"
+        lines = [",".join(str(p.type) for p in self.function.params)]
+        for op in self.function.body:
+            operands = ",".join(names[v.name] for v in op.operands)
+            for result in op.results:
+                names[result.name] = f"v{len(names)}"
+            results = ",".join(f"{names[r.name]}:{r.type}" for r in op.results)
+            lines.append(f"{results}={op.op}({operands}){op.attrs}@{op.span}")
+        lines.append(",".join(names[v.name] for v in self.function.results))
+        return "\n".join(lines)
+
 
 def prepare(program: Program, name: str) -> Function:
     return prepare_for_codegen(program, name)

@@ -297,7 +297,16 @@ def jit_module(plans: list[KernelPlan], profile: bool = False, disk=None,
         disk.store_object(key, plan.symbol, data)
         return _engine_from_object(data)
 
+    shared: dict[str, NativeCode] = {}  # functions computing the same thing share code
+
     def load(plan: KernelPlan) -> NativeCode:
+        key = plan.canonical_key
+        if key in shared:
+            return shared[key]
+        shared[key] = native = compile_one(plan)
+        return native
+
+    def compile_one(plan: KernelPlan) -> NativeCode:
         engine = engine_for(plan)
         with LLVM_LOCK:
             kernel = engine.get_function_address(plan.symbol)

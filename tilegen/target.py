@@ -53,7 +53,7 @@ def optimize(module: llvm.ModuleRef, machine: llvm.TargetMachine) -> None:
     tuning = llvm.create_pipeline_tuning_options(speed_level=3)
     tuning.loop_vectorization = True
     tuning.slp_vectorization = True
-    tuning.loop_unrolling = True
+    tuning.loop_unrolling = False  # small static loops are unrolled by codegen instead
     builder = llvm.create_pass_builder(machine, tuning)
     builder.getModulePassManager().run(module, builder)
 
