@@ -35,9 +35,10 @@ GEMM_MIN_WORK = 1 << 16
 GEMM_PARALLEL_WORK = 1 << 21
 
 # A view is materialised before a consumer that reads each element more than once when
-# evaluating it costs more than this (see loopir.expr_cost): a load and an op or two are
-# cheaper to recompute than to store and reload.
-MATERIALIZE_COST = 3
+# evaluating it costs more than this (see loopir.expr_cost): a few loads and arithmetic
+# ops are cheaper to recompute than a store and reloads through memory (a transcendental
+# or a reduction is not).
+MATERIALIZE_COST = 6
 
 def scalar_type(dtype: DType) -> str:
     # DType values ("f32", "f64", "i64") are the loop IR's scalar type names.
