@@ -486,7 +486,7 @@ def test_interrupted_cache_write_leaves_no_partial_entry(tmp_path, monkeypatch):
     np.testing.assert_allclose(got.sum(axis=1), np.ones(4), rtol=1e-5)
 
 
-# ---- known bugs (backend-owned files) -------------------------------------------------------
+# ---- unwritable destinations (once backend bugs: OSErrors escaped as tracebacks) -----------
 
 def test_dash_o_to_an_unwritable_place_is_a_clear_error(tmp_path):
     (tmp_path / "afile").write_text("x")
@@ -494,18 +494,21 @@ def test_dash_o_to_an_unwritable_place_is_a_clear_error(tmp_path):
         result = _run([sys.executable, "-m", "tilegen.compile", "storylm0_forward.kina", "-o",
                        str(tmp_path / target)], tmp_path)
         assert result.returncode == 1
-        assert "Traceback" not in result.stderr and "error[K600]" in result.stderr, target
+        assert "Traceback" not in result.stderr, target
+        assert result.stderr.startswith(f"error[K600]: cannot write '{tmp_path / target}'")
+        assert _leftovers(tmp_path) == []
 
 
 def test_unusable_cache_dir_does_not_break_compiling(tmp_path, monkeypatch):
+    """The disk cache only saves time: an unusable TILEGEN_CACHE_DIR is a warning."""
     import tilegen
 
     (tmp_path / "afile").write_text("x")
     monkeypatch.setenv("TILEGEN_CACHE_DIR", str(tmp_path / "afile"))
+    factor = time.time_ns() % 1000 + 2  # a new program: the in-memory cache cannot answer
     source = ("fn f(x: Tensor[F32, [2], @host]) -> Tensor[F32, [2], @host] { return x * "
-              f"{time.time_ns() % 1000 + 2}.0; }}\n")
-    try:
+              f"{factor}.0; }}\n")
+    with pytest.warns(RuntimeWarning, match="TILEGEN_CACHE_DIR"):
         module = tilegen.compile_source(source, "nocache.kina")
-        assert module.f(np.ones(2, np.float32)).shape == (2,)
-    except KinaError as error:
-        assert "TILEGEN_CACHE_DIR" in str(error)
+    np.testing.assert_array_equal(module.f(np.ones(2, np.float32)), [factor, factor])
+    assert (tmp_path / "afile").read_text() == "x"
