@@ -143,8 +143,7 @@ def _reduce_lower(reduce_op: str):
 
 def _row_lower(log: bool):
     """softmax / log_softmax as one pass per row. softmax: the row max, then exp(x - max)
-    written to the result, its sum, then the result divided by the sum (one exp per
-    element). log_softmax: the max, the sum of exp(x - max), then x - max - log(sum)."""
+    written to the result, its sum, then the result scaled by 1/sum (one exp per element). log_softmax: the max, the sum of exp(x - max), then x - max - log(sum)."""
     def lower(ctx, op, operands):
         (x,) = operands
         axis = op.attr("axis")
@@ -181,12 +180,16 @@ def _row_lower(log: bool):
                     return statements
                 r2, sum_index = at("r")
                 j2, scaled = at("j")
+                # One division per row, then multiplies (within an ulp of dividing each
+                # element; a vector division costs as much as a dozen multiplies).
+                inverse = L.Var(ctx.fresh_name("row_inverse"), dtype)
                 statements += [
                     L.For(j, extent, (L.Store(out, full, L.Unary("exp", centred, dtype)),)),
                     L.Let(row_sum, L.Reduce("sum", r2, extent, L.Load(out, sum_index, dtype),
                                             dtype)),
+                    L.Let(inverse, L.binary("div", L.Const(1.0, dtype), row_sum)),
                     L.For(j2, extent, (L.Store(out, scaled, L.binary(
-                        "div", L.Load(out, scaled, dtype), row_sum)),)),
+                        "mul", L.Load(out, scaled, dtype), inverse)),)),
                 ]
                 return statements
             return ctx.loops(outer, row, "row")
