@@ -26,8 +26,8 @@ PTR = ir.PointerType()
 SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL: I1}
 ELEMENT_BYTES = {L.F32: 4, L.F64: 8, L.I64: 8}
 
-# Static reduction loops and innermost loops with at most this many trips are unrolled
-# as they are emitted.
+# Static reduction loops, innermost loops and runs of vector tiles with at most this many
+# trips are unrolled as they are emitted.
 UNROLL_TRIPS = 4
 
 # Temporaries up to this size live on the stack; larger ones are malloc'ed and freed.
@@ -263,7 +263,10 @@ class KernelCodegen:
     def _vector_for(self, loop: L.For) -> None:
         width = loop.width
         main = loop.extent // width * width
-        if main:
+        if main and main // width <= UNROLL_TRIPS:
+            for base in range(0, main, width):
+                self._in_tile(loop.var.name, width, ir.Constant(I64, base), None, loop.body)
+        elif main:
             def body(index, carried):
                 self._in_tile(loop.var.name, width, index, None, loop.body)
                 return carried
