@@ -9,6 +9,7 @@ The grammar is documented in docs/loopnest.md; `format_kernel` prints it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 # Scalar types of expressions.
@@ -138,7 +139,8 @@ class CheckedId(Expr):
     dtype: str = I64
 
     def __str__(self) -> str:
-        return f"checked({self.value} < {self.limit}, site {self.site})"
+        position = ", ".join(str(p) for p in self.position)
+        return f"checked({self.value} < {self.limit}, site {self.site}, at [{position}])"
 
 
 # ---- statements -----------------------------------------------------------------------------
@@ -380,10 +382,18 @@ def _product(values) -> int:
 # ---- printer --------------------------------------------------------------------------------
 
 def format_kernel(kernel: Kernel) -> str:
+    """The kernel as text; `tilegen.loopir_parse.parse_kernel` reads it back."""
     lines = [f"kernel @{kernel.name}"]
     for buffer in kernel.buffers:
         shape = "x".join(str(d) for d in buffer.shape) or "scalar"
         lines.append(f"  {buffer.role:<6} {buffer.name}: {buffer.dtype}[{shape}]")
+    if list(kernel.outputs) != [b.name for b in kernel.buffers if b.role == "output"]:
+        lines.append(f"  results {', '.join(kernel.outputs)}")
+    for number, site in enumerate(kernel.check_sites):
+        shape = "x".join(str(d) for d in site.ids_shape) or "scalar"
+        source = f" from {site.ids_argument}" if site.ids_argument else ""
+        lines.append(f"  check {number}: {site.op} {json.dumps(site.location)} limit "
+                     f"{site.limit} ids [{shape}]{source}")
     lines.append("{")
     for stmt in kernel.body:
         lines.extend(_format_stmt(stmt, 1))
@@ -412,7 +422,7 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
                                                        strict=True))
         t = stmt.tiles
         return [f"{pad}gemm {stmt.out}[{batch}{stmt.i}<{stmt.m}>, {stmt.j}<{stmt.n}>] = "
-                f"sum[{stmt.k} < {stmt.k_extent}]({stmt.a_elem} * {stmt.b_elem})",
+                f"sum[{stmt.k} < {stmt.k_extent}](({stmt.a_elem} * {stmt.b_elem}))",
                 f"{pad}  tiles mr={t.mr} nr={t.nr} kc={t.kc} mc={t.mc} nc={t.nc} "
-                f"threads={stmt.threads}"]
+                f"threads={stmt.threads} dtype={stmt.dtype}"]
     raise TypeError(stmt)

@@ -1,0 +1,310 @@
+"""Reads the text `loopir.format_kernel` prints back into a `Kernel`.
+
+The printed form is fully parenthesised and names every buffer with its type, so the
+grammar is small: a kernel header (buffers, id-check sites), then statements (`for`,
+`let`, stores, `gemm`) whose expressions are constants (`0.5:f32`, `3`), variables,
+loads `buf[i, j]`, `(a op b)`, calls `exp(x)` / `max(a, b)` / `select(c, a, b)` /
+`f64(x)`, reductions `sum[k < 4 vector<16>](...)` and `checked(v < n, site s, at [...])`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from . import loopir as L
+
+_TOKEN = re.compile(r"""\s*(?:
+      (?P<string>"(?:[^"\\]|\\.)*")
+    | (?P<number>-?(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+|inf|nan)(?::(?:f32|f64))?)
+    | (?P<word>[A-Za-z_][A-Za-z0-9_.]*)
+    | (?P<punct>\.\.|//|<=|>=|==|!=|&&|\|\||[@:,=()\[\]{}<>+\-*/%])
+    )""", re.VERBOSE)
+
+_SYMBOLS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod",
+            "<": "lt", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", ">=": "ge",
+            "&&": "and", "||": "or"}
+
+
+class LoopIRParseError(ValueError):
+    pass
+
+
+def parse_kernel(text: str) -> L.Kernel:
+    return _Parser(text).kernel()
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.tokens: list[tuple[str, str]] = []
+        position = 0
+        while text[position:].strip():
+            match = _TOKEN.match(text, position)
+            if match is None:
+                raise LoopIRParseError(f"cannot read loop IR at {text[position:position + 30]!r}")
+            self.tokens.append((match.lastgroup, match.group(match.lastgroup)))
+            position = match.end()
+        self.tokens.append(("eof", ""))
+        self.at = 0
+        self.buffers: dict[str, L.Buffer] = {}
+        self.scopes: list[dict[str, str]] = [{}]  # variable name -> dtype
+
+    # ---- tokens -------------------------------------------------------------------------------
+
+    def peek(self, offset: int = 0) -> str:
+        return self.tokens[self.at + offset][1]
+
+    def take(self, expected: str | None = None) -> str:
+        kind, text = self.tokens[self.at]
+        if expected is not None and text != expected:
+            raise LoopIRParseError(f"expected {expected!r}, found {text!r}")
+        if kind == "eof":
+            raise LoopIRParseError("unexpected end of loop IR")
+        self.at += 1
+        return text
+
+    def integer(self) -> int:
+        return int(self.take())
+
+    def shape(self) -> tuple[int, ...]:
+        self.take("[")
+        text = self.take()
+        if text == "scalar":
+            self.take("]")
+            return ()
+        dims = [text] if "x" not in text else text.split("x")
+        # `4x8` lexes as one word only after a letter; numbers and `x` come apart.
+        while self.peek() != "]":
+            part = self.take()
+            dims.extend(p for p in part.split("x") if p)
+        self.take("]")
+        return tuple(int(d) for d in dims if d)
+
+    # ---- kernel -------------------------------------------------------------------------------
+
+    def kernel(self) -> L.Kernel:
+        self.take("kernel")
+        self.take("@")
+        name = self.take()
+        buffers, sites = [], []
+        results = None
+        while self.peek() != "{":
+            if self.peek() == "check":
+                sites.append(self.check_site())
+                continue
+            if self.peek() == "results":  # outputs in result order, when it differs
+                self.take()
+                results = [self.take()]
+                while self.peek() == ",":
+                    self.take()
+                    results.append(self.take())
+                continue
+            role = self.take()
+            buffer_name = self.take()
+            self.take(":")
+            dtype = self.take()
+            buffer = L.Buffer(buffer_name, dtype, self.shape(), role)
+            buffers.append(buffer)
+            self.buffers[buffer.name] = buffer
+        body = self.block()
+        inputs = tuple(b.name for b in buffers if b.role == "input")
+        outputs = tuple(results) if results is not None else \
+            tuple(b.name for b in buffers if b.role == "output")
+        return L.Kernel(name, tuple(buffers), body, inputs, outputs, tuple(sites))
+
+    def check_site(self) -> L.CheckSite:
+        self.take("check")
+        self.integer()
+        self.take(":")
+        op = self.take()
+        location = json.loads(self.take())
+        self.take("limit")
+        limit = self.integer()
+        self.take("ids")
+        shape = self.shape()
+        argument = None
+        if self.peek() == "from":
+            self.take()
+            argument = self.take()
+        return L.CheckSite(op, location, limit, shape, argument)
+
+    def block(self) -> tuple[L.Stmt, ...]:
+        self.take("{")
+        self.scopes.append({})
+        statements = []
+        while self.peek() != "}":
+            statements.append(self.statement())
+        self.take("}")
+        self.scopes.pop()
+        return tuple(statements)
+
+    def statement(self) -> L.Stmt:
+        word = self.peek()
+        if word == "for":
+            return self.loop()
+        if word == "let":
+            self.take()
+            name = self.take()
+            self.take(":")
+            dtype = self.take()
+            self.take("=")
+            value = self.expr()
+            self.scopes[-1][name] = dtype
+            return L.Let(L.Var(name, dtype), value)
+        if word == "gemm":
+            return self.gemm()
+        buffer = self.take()
+        index = self.index_list()
+        self.take("=")
+        return L.Store(buffer, index, self.expr())
+
+    def loop(self) -> L.For:
+        self.take("for")
+        name = self.take()
+        self.take("in")
+        if self.integer() != 0:
+            raise LoopIRParseError("loops start at 0")
+        self.take("..")
+        extent = self.integer()
+        kind, width = "serial", 1
+        if self.peek() in ("vector", "parallel"):
+            kind = self.take()
+            self.take("<")
+            width = self.integer()
+            self.take(">")
+        self.scopes.append({name: L.I64})
+        body = self.block()
+        self.scopes.pop()
+        return L.For(L.Var(name), extent, body, kind, width)
+
+    def gemm(self) -> L.Gemm:
+        self.take("gemm")
+        out = self.take()
+        self.take("[")
+        named = []
+        while True:
+            name = self.take()
+            self.take("<")
+            named.append((L.Var(name), self.integer()))
+            self.take(">")
+            if self.peek() == "]":
+                break
+            self.take(",")
+        self.take("]")
+        self.take("=")
+        self.scopes.append({var.name: L.I64 for var, _ in named})
+        product = self.expr()
+        self.scopes.pop()
+        if not (isinstance(product, L.Reduce) and isinstance(product.body, L.Binary)
+                and product.body.op == "mul"):
+            raise LoopIRParseError("gemm needs sum[k < K](a * b)")
+        tiles = {}
+        self.take("tiles")
+        for key in ("mr", "nr", "kc", "mc", "nc", "threads"):
+            self.take(key)
+            self.take("=")
+            tiles[key] = self.integer()
+        self.take("dtype")
+        self.take("=")
+        dtype = self.take()
+        (i, m), (j, n) = named[-2:]
+        batch = named[:-2]
+        return L.Gemm(out, tuple(v for v, _ in batch), tuple(e for _, e in batch), i, j,
+                      product.var, m, n, product.extent, product.body.lhs, product.body.rhs,
+                      dtype, L.GemmTiles(tiles["mr"], tiles["nr"], tiles["kc"], tiles["mc"],
+                                         tiles["nc"]), tiles["threads"])
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def index_list(self) -> tuple[L.Expr, ...]:
+        self.take("[")
+        items = []
+        while self.peek() != "]":
+            items.append(self.expr())
+            if self.peek() == ",":
+                self.take()
+        self.take("]")
+        return tuple(items)
+
+    def variable_type(self, name: str) -> str:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        raise LoopIRParseError(f"unknown variable {name!r}")
+
+    def expr(self) -> L.Expr:
+        kind, text = self.tokens[self.at]
+        if kind == "number":
+            self.take()
+            if ":" in text:
+                value, dtype = text.split(":")
+                return L.Const(float(value), dtype)
+            return L.Const(int(text), L.I64)
+        if text == "(":
+            self.take()
+            lhs = self.expr()
+            symbol = self.take()
+            rhs = self.expr()
+            self.take(")")
+            op = _SYMBOLS[symbol]
+            dtype = L.BOOL if op in L.COMPARISONS else lhs.dtype
+            return L.Binary(op, lhs, rhs, dtype)
+        name = self.take()
+        if name in L.REDUCE_OPS and self.peek() == "[":
+            return self.reduce(name)
+        if name == "checked":
+            return self.checked()
+        if self.peek() == "[":
+            buffer = self.buffers.get(name)
+            if buffer is None:
+                raise LoopIRParseError(f"unknown buffer {name!r}")
+            return L.Load(name, self.index_list(), buffer.dtype)
+        if self.peek() == "(":
+            self.take()
+            args = [self.expr()]
+            while self.peek() == ",":
+                self.take()
+                args.append(self.expr())
+            self.take(")")
+            if name == "select":
+                return L.Select(args[0], args[1], args[2], args[1].dtype)
+            if name in (L.F32, L.F64, L.I64):
+                return L.Cast(args[0], name)
+            if name in L.UNARY_OPS:
+                return L.Unary(name, args[0], args[0].dtype)
+            return L.Binary(name, args[0], args[1], args[0].dtype)
+        return L.Var(name, self.variable_type(name))
+
+    def reduce(self, op: str) -> L.Reduce:
+        self.take("[")
+        name = self.take()
+        self.take("<")
+        extent = self.integer()
+        width = 0
+        if self.peek() == "vector":
+            self.take()
+            self.take("<")
+            width = self.integer()
+            self.take(">")
+        self.take("]")
+        self.take("(")
+        self.scopes.append({name: L.I64})
+        body = self.expr()
+        self.scopes.pop()
+        self.take(")")
+        dtype = L.I64 if op == "argmax" else body.dtype
+        return L.Reduce(op, L.Var(name), extent, body, dtype, width)
+
+    def checked(self) -> L.CheckedId:
+        self.take("(")
+        value = self.expr()
+        self.take("<")
+        limit = self.integer()
+        self.take(",")
+        self.take("site")
+        site = self.integer()
+        self.take(",")
+        self.take("at")
+        position = self.index_list()
+        self.take(")")
+        return L.CheckedId(value, limit, site, position)
