@@ -153,6 +153,22 @@ def _dtype_text(dtype: np.dtype) -> str:
     return dtype.name
 
 
+def _out_lines(params: list[str], count: int) -> list[str]:
+    """The generated wrapper's out= fast path: the given arrays passed straight through (no
+    tuple building or star-unpacking on the hot path of a host loop)."""
+    prefix = ", ".join(params) + (", " if params else "")
+    if count == 1:
+        return ["    if type(out) is _ndarray:",
+                f"        if _entry({prefix}out) is None:",
+                "            return out"]
+    if count == 0:
+        return []
+    items = ", ".join(f"out[{i}]" for i in range(count))
+    return [f"    if (type(out) is tuple or type(out) is list) and len(out) == {count}:",
+            f"        if _entry({prefix}{items}) is None:",
+            "            return tuple(out)"]
+
+
 def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
     """A plain Python function with the Kina signature that calls the native entry and
     falls back to `slow` (which validates and raises) when the entry declines."""
@@ -169,15 +185,7 @@ def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
     lines += [f"        if _entry({', '.join(params + outs)}) is None:",
               f"            return {returned}",
               f"        return _slow({args})",
-              "    if type(out) is _ndarray:",
-              "        given = (out,)",
-              "    elif type(out) is tuple or type(out) is list:",
-              "        given = tuple(out)",
-              "    else:",
-              "        given = ()",
-              f"    if given and len(given) == {len(outs)} and "
-              f"_entry({args}{', ' if args else ''}*given) is None:",
-              "        return given[0] if len(given) == 1 else given",
+              *_out_lines(params, len(outs)),
               "    return _slow(" + args + (", " if args else "") + "out=out)"]
     namespace = {"_empty": np.empty, "_ndarray": np.ndarray, "_entry": entry, "_slow": slow,
                  "_keepalive": keepalive}
