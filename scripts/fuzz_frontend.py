@@ -625,15 +625,9 @@ def _compile_and_compare(program, rng: np.random.Generator) -> str:
 
 
 def _inputs(function, rng: np.random.Generator) -> list[np.ndarray]:
-    limits: dict[str, int] = {}
-    for op in function.body:
-        if op.op == "gather":
-            name, limit = op.operands[1].name, op.operands[0].type.concrete_shape[0]
-        elif op.op == "one_hot":
-            name, limit = op.operands[0].name, int(op.attr("n"))
-        else:
-            continue
-        limits[name] = min(limit, limits.get(name, limit))
+    from tilegen.driver import id_limits
+
+    limits = id_limits(function)
     inputs = []
     for param in function.params:
         shape = param.type.concrete_shape

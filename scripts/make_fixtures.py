@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a plain script from a source checkout
     sys.path.insert(0, str(REPO_ROOT))
 
-from storylm.fixture import DEFAULT_FIXTURE_DIR, write_fixture
+from storylm.fixture import DEFAULT_FIXTURE_DIR, write_fixture  # noqa: E402
 
 
 def differing_files(expected_dir: Path, actual_dir: Path) -> list[str]:

@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,7 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 from storylm import fixture, reference  # noqa: E402
+from storylm.checks import Report  # noqa: E402
 
 ROLLOUT_EXAMPLE = REPO / "examples" / "storylm0_rollout.kina"
 FORWARD_EXAMPLE = REPO / "examples" / "storylm0_forward.kina"
@@ -58,34 +58,6 @@ PREFIX_ATOL = 1e-6
 
 
 # ---- results ------------------------------------------------------------------------------
-
-@dataclass
-class Check:
-    label: str
-    status: str  # PASS | FAIL | SKIP
-    detail: str
-
-
-class Report:
-    def __init__(self) -> None:
-        self.checks: list[Check] = []
-
-    def add(self, label: str, passed: bool, detail: str) -> None:
-        self.checks.append(Check(label, "PASS" if passed else "FAIL", detail))
-
-    def skip(self, label: str, detail: str) -> None:
-        self.checks.append(Check(label, "SKIP", detail))
-
-    @property
-    def failed(self) -> bool:
-        return any(c.status == "FAIL" for c in self.checks)
-
-    def table(self) -> str:
-        width = max(len(c.label) for c in self.checks)
-        lines = [f"{'check':<{width}}  result  detail", f"{'-' * width}  ------  ------"]
-        lines += [f"{c.label:<{width}}  {c.status:<6}  {c.detail}" for c in self.checks]
-        return "\n".join(lines)
-
 
 # ---- the compiled programs and the host loop ----------------------------------------------
 
@@ -352,9 +324,7 @@ def validate(checkpoint: fixture.Checkpoint, vocab: tuple[str, ...], fixture_dir
     print(f"         \"{decode(sampled, vocab)}\"")
     print(f"host loop: {greedy_us:.1f} us per greedy step (forward + decode, buffers reused)")
     print()
-    print(report.table())
-    print()
-    print("FAIL" if report.failed else "all checks PASS")
+    print(report.table('validate_rollout'))
     return 1 if report.failed else 0
 
 

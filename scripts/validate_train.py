@@ -43,6 +43,7 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 from storylm import fixture, reference  # noqa: E402
+from storylm.checks import Report  # noqa: E402
 
 NLL_STEP_EXAMPLE = REPO / "examples" / "storylm0_nll_step.kina"
 ROLLOUT_EXAMPLE = REPO / "examples" / "storylm0_rollout.kina"
@@ -61,42 +62,6 @@ TORCH_DTYPE_NAME = "float64"  # PyTorch recomputes the step exactly, as a second
 
 
 # ---- results ------------------------------------------------------------------------------
-
-@dataclass
-class Check:
-    label: str
-    status: str  # PASS | FAIL | SKIP
-    detail: str
-
-
-class Report:
-    def __init__(self) -> None:
-        self.checks: list[Check] = []
-
-    def add(self, label: str, passed: bool, detail: str) -> None:
-        self.checks.append(Check(label, "PASS" if passed else "FAIL", detail))
-
-    def skip(self, label: str, detail: str) -> None:
-        self.checks.append(Check(label, "SKIP", detail))
-
-    @property
-    def failed(self) -> bool:
-        return any(c.status == "FAIL" for c in self.checks)
-
-    def print_table(self) -> None:
-        width = max(len(c.label) for c in self.checks)
-        print()
-        print(f"{'result':<6}  {'check':<{width}}  detail")
-        print(f"{'-' * 6}  {'-' * width}  {'-' * 40}")
-        for check in self.checks:
-            print(f"{check.status:<6}  {check.label:<{width}}  {check.detail}")
-        passed = sum(c.status == "PASS" for c in self.checks)
-        failed = sum(c.status == "FAIL" for c in self.checks)
-        skipped = sum(c.status == "SKIP" for c in self.checks)
-        verdict = "FAIL" if failed else "PASS"
-        print(f"\nvalidate_train: {verdict} ({passed} passed, {failed} failed, "
-              f"{skipped} skipped)")
-
 
 # ---- compiled programs --------------------------------------------------------------------
 
@@ -509,7 +474,8 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         save_weights(args.save, trained, corpus)
         print(f"wrote trained weights to {args.save}")
-    report.print_table()
+    print()
+    print(report.table('validate_train'))
     return 1 if report.failed else 0
 
 

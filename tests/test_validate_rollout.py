@@ -43,13 +43,14 @@ def test_validate_rollout(mode, tmp_path):
     result = run_script(*args, tmp=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    assert "all checks PASS" in out
+    assert re.search(r"validate_rollout: PASS \(\d+ passed, 0 failed", out)
     for check in CHECKS:
-        line = next((ln for ln in out.splitlines() if ln.startswith(check)), None)
+        # Table rows read `RESULT  check  detail`.
+        line = next((ln for ln in out.splitlines() if ln[8:].startswith(check)), None)
         if line is None and "PyTorch" in check:
             continue  # torch not importable: the script reports SKIP under another name
         assert line is not None, f"missing check {check!r}:\n{out}"
-        assert "  PASS  " in line, line
+        assert line.startswith("PASS  "), line
     assert "FAIL" not in out
 
     # The sequences agree with the NumPy rollout computed here from the fixture.
@@ -101,6 +102,7 @@ def test_a_wrong_token_fails_the_run(capsys, monkeypatch):
                              AlwaysPad, forward, "test", 0.0)
     out = capsys.readouterr().out
     assert status == 1
-    line = next(ln for ln in out.splitlines() if ln.startswith("(b) "))
-    assert "  FAIL  " in line and "first difference from NumPy at index 4" in line
-    assert np.all([ln.count("FAIL") == 0 for ln in out.splitlines() if ln.startswith("(c) ")])
+    line = next(ln for ln in out.splitlines() if ln[8:].startswith("(b) "))
+    assert line.startswith("FAIL  ") and "first difference from NumPy at index 4" in line
+    assert np.all([ln.count("FAIL") == 0 for ln in out.splitlines()
+                   if ln[8:].startswith("(c) ")])

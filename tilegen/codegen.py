@@ -195,7 +195,8 @@ class KernelCodegen:
         self.env.pop()
         self.cache.pop()
 
-    def _serial_for(self, loop: L.For) -> None:
+    def _loop_body(self, loop: L.For):
+        """The body of `loop` as a `_loop` callback: its statements with the index bound."""
         def body(index, carried):
             self._push()
             self.env[-1][loop.var.name] = Val(index, False)
@@ -203,6 +204,10 @@ class KernelCodegen:
                 self.stmt(inner)
             self._pop()
             return carried
+        return body
+
+    def _serial_for(self, loop: L.For) -> None:
+        body = self._loop_body(loop)
         innermost = not any(isinstance(s, L.For) for s in loop.body)
         if innermost and loop.extent <= UNROLL_TRIPS:
             for index in range(loop.extent):
@@ -211,14 +216,7 @@ class KernelCodegen:
         self._loop(0, loop.extent, 1, [], body)
 
     def _serial_range(self, loop: L.For, lo, hi) -> None:
-        def body(index, carried):
-            self._push()
-            self.env[-1][loop.var.name] = Val(index, False)
-            for inner in loop.body:
-                self.stmt(inner)
-            self._pop()
-            return carried
-        self._loop(lo, hi, 1, [], body)
+        self._loop(lo, hi, 1, [], self._loop_body(loop))
 
     # ---- threads ------------------------------------------------------------------------------
 

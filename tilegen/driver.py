@@ -54,7 +54,7 @@ def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
     normal draws from numpy.random.default_rng(seed + k) for placeholder k; ids are drawn
     uniformly from [0, n) where n is the smallest table/class count of any gather or
     one_hot that reads them (8 when none does)."""
-    limits = _id_limits(function)
+    limits = id_limits(function)
     values = []
     for op in function.body:
         if op.op != "placeholder":
@@ -70,7 +70,8 @@ def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
     return values
 
 
-def _id_limits(function: Function) -> dict[str, int]:
+def id_limits(function: Function) -> dict[str, int]:
+    """For each I64 value a gather or one_hot reads: the smallest row or class count."""
     limits: dict[str, int] = {}
     for op in function.body:
         if op.op == "gather":
