@@ -182,3 +182,19 @@ def test_argmax_nan_and_ties_follow_numpy():
                  dtype=np.float32)
     got = compile_program(program_from_text(source)).f(x)
     np.testing.assert_array_equal(got, np.argmax(x, axis=1))
+
+
+@pytest.mark.parametrize("size", (5, 36, 100))
+def test_softmax_nan_and_inf_rows_follow_numpy(size):
+    source = (f"fn f(x: {_ty((5, size))}) -> ({_ty((5, size))}, {_ty((5, size))}) "
+              "{ return (softmax(x, axis=1), log_softmax(x, axis=1)); }")
+    x = np.random.default_rng(size).random((5, size)).astype(np.float32)
+    x[1, 2], x[2, :], x[3, 1] = np.nan, -np.inf, np.inf
+    got_soft, got_log = compile_program(program_from_text(source)).f(x)
+    with np.errstate(all="ignore"):
+        shifted = x - x.max(axis=1, keepdims=True)
+        want_soft = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
+        want_log = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    for got, want in ((got_soft, want_soft), (got_log, want_log)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, equal_nan=True)

@@ -629,6 +629,10 @@ class KernelCodegen:
     def _combine(self, op: str, carried, value: Val, index, dtype: str, varying: bool):
         if op == "sum":
             return [self._binary("add", Val(carried[0], varying), value, dtype).value]
+        if op == "maxnum":
+            best = Val(carried[0], varying)
+            greater = self._binary("gt", value, best, dtype)
+            return [self.b.select(greater.value, value.value, best.value)]
         if op == "max" and dtype in L.FLOAT_TYPES:
             # A plain compare-and-select max (one vmaxps) and a separate NaN flag: cheaper
             # than llvm.maximum's NaN handling at every step; the flag makes the result NaN
@@ -698,15 +702,16 @@ class KernelCodegen:
             else:
                 intrinsic = self._intrinsic(name, SCALAR_LLVM[dtype], [vtype], overload=(vtype,))
                 result = self.b.call(intrinsic, [accumulator])
-        elif float_max:
+        elif float_max or reduce.op == "maxnum":
             # The accumulator holds no NaN (see _combine): maxnum's plain vmaxps tree.
             intrinsic = self._intrinsic("llvm.vector.reduce.fmax", SCALAR_LLVM[dtype], [vtype],
                                         overload=(vtype,))
             result = self.b.call(intrinsic, [accumulator], fastmath=("nnan",))
-            flags = carried[1]
-            any_nan = self.b.icmp_unsigned("!=", self.b.bitcast(flags, ir.IntType(width)),
-                                           ir.Constant(ir.IntType(width), 0))
-            result = self._nan_if(any_nan, result, dtype)
+            if float_max:
+                flags = carried[1]
+                any_nan = self.b.icmp_unsigned("!=", self.b.bitcast(flags, ir.IntType(width)),
+                                               ir.Constant(ir.IntType(width), 0))
+                result = self._nan_if(any_nan, result, dtype)
         else:
             intrinsic = self._intrinsic("llvm.vector.reduce.smax", SCALAR_LLVM[dtype], [vtype],
                                         overload=(vtype,))

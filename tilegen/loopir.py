@@ -20,7 +20,9 @@ BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "floordiv", "mod",
               "lt", "le", "eq", "ne", "gt", "ge", "and", "or")
 COMPARISONS = ("lt", "le", "eq", "ne", "gt", "ge")
 UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh")
-REDUCE_OPS = ("sum", "max", "argmax")
+# `maxnum` ignores NaN (for row maxima whose NaNs surface anyway, as in softmax); `max`
+# returns NaN when any element is NaN, like numpy.
+REDUCE_OPS = ("sum", "max", "maxnum", "argmax")
 
 
 class Expr:
@@ -113,7 +115,8 @@ class Cast(Expr):
 
 @dataclass(frozen=True, eq=True)
 class Reduce(Expr):
-    """Fold `body` over `var` in [0, extent) with `op`; argmax yields the first best index."""
+    """Fold `body` over `var` in [0, extent) with `op` (see REDUCE_OPS); argmax yields the
+    first best index."""
 
     op: str
     var: Var

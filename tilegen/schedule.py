@@ -116,7 +116,8 @@ def _strided_load(expr: L.Expr, var: str, strides) -> bool:
 def _schedule_expr(expr: L.Expr, strides, in_vector: bool) -> L.Expr:
     if isinstance(expr, L.Reduce):
         width = 0
-        if not in_vector and expr.op in ("sum", "max") and expr.extent >= MIN_REDUCE_EXTENT \
+        if not in_vector and expr.op in ("sum", "max", "maxnum") and \
+                expr.extent >= MIN_REDUCE_EXTENT \
                 and _reads_contiguously(expr.body, expr.var.name, strides):
             width = vector_width(expr.dtype, expr.extent)
         body = _schedule_expr(expr.body, strides, in_vector or width > 0)

@@ -143,7 +143,8 @@ def _reduce_lower(reduce_op: str):
 
 def _row_lower(log: bool):
     """softmax / log_softmax as one pass per row. softmax: the row max, then exp(x - max)
-    written to the result, its sum, then the result scaled by 1/sum (one exp per element). log_softmax: the max, the sum of exp(x - max), then x - max - log(sum)."""
+    written to the result, its sum, then the result scaled by 1/sum (one exp per element).
+    log_softmax: the max, the sum of exp(x - max), then x - max - log(sum)."""
     def lower(ctx, op, operands):
         (x,) = operands
         axis = op.attr("axis")
@@ -162,7 +163,9 @@ def _row_lower(log: bool):
                 r1, max_index = at("r")
                 row_max = L.Var(ctx.fresh_name("row_max"), dtype)
                 row_sum = L.Var(ctx.fresh_name("row_sum"), dtype)
-                statements = [L.Let(row_max, L.Reduce("max", r1, extent, x.at(max_index),
+                # maxnum: a NaN in the row makes every result NaN through exp and the sum
+                # anyway, so the row max need not track it.
+                statements = [L.Let(row_max, L.Reduce("maxnum", r1, extent, x.at(max_index),
                                                       dtype))]
                 j, full = at("j")
                 centred = L.binary("sub", x.at(full), row_max)
