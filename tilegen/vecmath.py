@@ -137,25 +137,31 @@ class _Emitter:
 
     def exp(self, x):
         fmt, b = self.fmt, self.b
-        clamped = self.intrinsic("llvm.minnum", self.intrinsic("llvm.maxnum", x,
-                                                                self.f(fmt.underflow)),
-                                 self.f(fmt.overflow))
+        scalef = self.scalef_intrinsic()
+        if scalef is not None:
+            # Compare-and-select clamps keep a NaN (the compares are false), and NaN then
+            # flows through every step below, vscalefps included: no final fix-up.
+            low = b.select(b.fcmp_ordered("<", x, self.f(fmt.underflow)),
+                           self.f(fmt.underflow), x)
+            clamped = b.select(b.fcmp_ordered(">", low, self.f(fmt.overflow)),
+                               self.f(fmt.overflow), low)
+        else:
+            clamped = self.intrinsic("llvm.minnum", self.intrinsic(
+                "llvm.maxnum", x, self.f(fmt.underflow)), self.f(fmt.overflow))
         n = self.intrinsic("llvm.rint", b.fmul(clamped, self.f(1 / math.log(2))))
         r = self.fma(n, self.f(-fmt.ln2_hi), clamped)
         r = self.fma(n, self.f(-fmt.ln2_lo), r)
         poly = self.f(1 / math.factorial(fmt.exp_terms))
         for k in range(fmt.exp_terms - 1, -1, -1):
             poly = self.fma(poly, r, self.f(1 / math.factorial(k)))
-        scalef = self.scalef_intrinsic()
         if scalef is not None:
             # AVX-512's vscalefps computes poly * 2^n in one instruction with a single
-            # rounding, subnormal results included; NaN propagates through it.
+            # rounding, subnormal results included.
             mask = ir.Constant(ir.IntType(max(8, self.width)), -1)
             args = [poly, n, poly, mask]
             if self.width * (64 if fmt.is_double else 32) == 512:
                 args.append(ir.Constant(ir.IntType(32), 4))  # current rounding direction
-            result = b.call(scalef, args)
-            return b.select(b.fcmp_unordered("uno", x, x), x, result)
+            return b.call(scalef, args)
         n_int = b.fptosi(n, self.int_ty)
         half = b.ashr(n_int, self.i(1))
         rest = b.sub(n_int, half)
