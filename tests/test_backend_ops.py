@@ -198,3 +198,14 @@ def test_softmax_nan_and_inf_rows_follow_numpy(size):
     for got, want in ((got_soft, want_soft), (got_log, want_log)):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+def test_id_check_in_an_unrolled_loop_before_the_store():
+    # Regression: values computed on an id check's error path were cached and reused by
+    # the store after it (LLVM: "Instruction does not dominate all uses").
+    source = """
+fn f(a: Tensor[F64, [1, 2, 2], @host]) -> Tensor[F32, [2, 2, 1], @host] {
+  return one_hot(argmax(a, axis=0), 1);
+}"""
+    got = compile_program(program_from_text(source)).f(np.ones((1, 2, 2)))
+    np.testing.assert_array_equal(got, np.ones((2, 2, 1), np.float32))

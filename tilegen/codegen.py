@@ -734,6 +734,9 @@ class KernelCodegen:
         else:
             any_outside = outside
         with self.b.if_then(any_outside, likely=False):
+            # Values computed on this error path must not be cached for the code after it,
+            # which this block does not dominate.
+            self._push()
             shape = self.kernel.check_sites[check.site].ids_shape
             position = self.expr(_linear(check.position, shape))
             bad_value, bad_position = value.value, position.value
@@ -749,6 +752,7 @@ class KernelCodegen:
                 pointer = self.b.gep(self.err, [ir.Constant(I64, slot)], source_etype=I64)
                 self.b.store(item, pointer)
             self._finish(ir.Constant(I64, check.site + 1))
+            self._pop()
         return value
 
     # ---- intrinsics ---------------------------------------------------------------------------
