@@ -51,3 +51,10 @@ def test_autotune_off_is_deterministic(monkeypatch):
     module = compile_source(SOURCE, "default.kina")
     (gemm,) = [s for s in module.mm.plan.kernel.body if isinstance(s, Gemm)]
     assert gemm.tiles == default_tiles("f32", 70, 50, 90)
+
+
+def test_every_candidate_has_whole_panels():
+    # A B panel narrower than a whole number of micro-panels overflowed the packing buffer.
+    for n in (50, 256, 4096, 333):
+        for tiles in autotune.candidates("f32", 256, n, 512):
+            assert tiles.nc % tiles.nr == 0 and tiles.mc % tiles.mr == 0, tiles

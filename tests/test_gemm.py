@@ -29,7 +29,9 @@ def _uses_gemm(function) -> bool:
 
 
 SHAPES = [(64, 64, 64), (37, 300, 45), (13, 17, 29), (100, 513, 33), (12, 8, 64),
-          (333, 1000, 777), (1, 64, 1024), (257, 31, 16)]
+          (333, 1000, 777), (1, 64, 1024), (257, 31, 16),
+          # narrow B (14-row register blocks) with several row and depth blocks
+          (200, 600, 16), (197, 530, 9)]
 
 
 @pytest.mark.parametrize("threads", [1, 2])

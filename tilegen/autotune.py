@@ -18,7 +18,7 @@ import numpy as np
 
 from . import loopir as L
 from .cache import _atomic_write
-from .gemm import LANES, default_tiles
+from .gemm import LANES, column_block, default_tiles
 from .target import host_cpu
 
 # Register blocks (mr x nr) that keep 24 or fewer vector accumulators, and cache blocks.
@@ -42,7 +42,7 @@ def candidates(dtype: str, m: int, n: int, k: int) -> list[L.GemmTiles]:
             kc = min(kc, k)
             for mc in ROW_BLOCKS:
                 mc = max(mr, min(mc // mr * mr, -(-m // mr) * mr))
-                options.add(L.GemmTiles(mr, nr, kc, mc, min(-(-n // nr) * nr, 2048)))
+                options.add(L.GemmTiles(mr, nr, kc, mc, column_block(n, nr)))
     return sorted(options, key=lambda t: (t.mr, t.nr, t.kc, t.mc))
 
 

@@ -37,9 +37,14 @@ def default_tiles(dtype: str, m: int, n: int, k: int) -> L.GemmTiles:
     nr = 2 * lanes if n > lanes else lanes
     mr = 12 if nr == 2 * lanes else 14
     kc = min(256, k)
-    mc = max(mr, min(96, -(-m // mr) * mr))
-    nc = min(-(-n // nr) * nr, 2048)
+    mc = max(mr, min(96 // mr * mr, -(-m // mr) * mr))  # whole register blocks
+    nc = column_block(n, nr)
     return L.GemmTiles(mr, nr, kc, mc, nc)
+
+
+def column_block(n: int, nr: int, limit: int = 2048) -> int:
+    """The B panel width: whole micro-panels (a multiple of nr), at most about `limit`."""
+    return min(-(-n // nr), max(1, limit // nr)) * nr
 
 
 def emit_gemm(cg, gemm: L.Gemm) -> None:
@@ -140,6 +145,8 @@ class _GemmEmitter:
 
     def rows(self, row_lo, row_hi) -> None:
         t, g = self.tiles, self.g
+        if t.nc % t.nr or t.mc % t.mr:
+            raise ValueError(f"gemm tiles {t}: nc must be a multiple of nr and mc of mr")
         a_size = t.mc * self.a_stride
         block = self.scratch(a_size + t.kc * t.nc)
         packed_a = block
