@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kina_frontend import interpret, program_from_text
 from tilegen.api import compile_program
@@ -115,3 +117,33 @@ def test_micro_kernel_inner_loop_is_fma_on_zmm_without_spills(tmp_path):
     assert max(fma_counts) >= 24  # the 12 x 32 register block: 24 accumulators
     assert "vbroadcastss" in hottest or "{1to16}" in hottest
     assert "(%rsp)" not in hottest and "(%rbp)" not in hottest, hottest
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(1, 300), n=st.integers(8, 300), k=st.integers(8, 700),
+       transposed=st.booleans(), threads=st.sampled_from([1, 2]))
+def test_generated_gemm_shapes(m, n, k, transposed, threads):
+    """Random shapes across several row, column and depth blocks, B plain or a transposed
+    view, against float64 with the float32 summation error bound."""
+    import os
+
+    b_type = _ty((n, k)) if transposed else _ty((k, n))
+    b_expr = "transpose(b, [1, 0])" if transposed else "b"
+    source = (f"fn f(a: {_ty((m, k))}, b: {b_type}) -> {_ty((m, n))} "
+              f"{{ return matmul(a, {b_expr}); }}")
+    previous = os.environ.get("TILEGEN_NUM_THREADS")
+    os.environ["TILEGEN_NUM_THREADS"] = str(threads)
+    try:
+        module = compile_program(program_from_text(source))
+    finally:
+        if previous is None:
+            del os.environ["TILEGEN_NUM_THREADS"]
+        else:
+            os.environ["TILEGEN_NUM_THREADS"] = previous
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+    b_math = b.T if transposed else b
+    exact = a.astype(np.float64) @ b_math.astype(np.float64)
+    bound = 4 * np.finfo(np.float32).eps * np.sqrt(k) * (np.abs(a) @ np.abs(b_math)) + 1e-30
+    assert np.all(np.abs(module.f(a, b) - exact) <= bound)
