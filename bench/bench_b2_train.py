@@ -68,7 +68,7 @@ def _guard(model: storylm_data.Model):
 
 
 def _tilegen(model, kina_function) -> Case:
-    step = kina_function(PROGRAM, "storylm0_nll_step", needs_autodiff=True)
+    step = kina_function(PROGRAM, "storylm0_nll_step")
     constants = (model.mask, model.scale, model.lr)
     buffers = [tuple(np.empty(shape, np.float32) for shape in
                      [(), *(w.shape for w in model.weights())]) for _ in range(2)]

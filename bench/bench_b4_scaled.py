@@ -94,8 +94,7 @@ def _step_guard(model, reference):
 
 
 def _forward_tilegen(model, ids, reference, kina_function, threads: int | None = None) -> Case:
-    function = kina_function(PROGRAM, "storylm_scaled_forward", needs_autodiff=True,
-                             threads=threads)
+    function = kina_function(PROGRAM, "storylm_scaled_forward", threads=threads)
     args = model.forward_args(ids)
     out = np.empty((1, model.length, model.vocab), np.float32)
     return Case(lambda: function(*args, out=out), _forward_guard(reference),
@@ -168,7 +167,7 @@ def test_b4_forward(benchmark, provider, scaled, scaled_reference, kina_function
 
 def _step_tilegen(model, ids, targets, reference, kina_function,
                   threads: int | None = None) -> Case:
-    step = kina_function(PROGRAM, "storylm_scaled_nll_step", needs_autodiff=True,
+    step = kina_function(PROGRAM, "storylm_scaled_nll_step",
                          threads=threads)
     args = (ids, targets, *model.weights(), model.mask, model.scale)
     out = (np.empty((), np.float32), *(np.empty_like(w) for w in model.weights()))

@@ -68,11 +68,6 @@ def _expected_functions(program) -> int:
     return len(specialize(check_source(load_source(program))).functions)
 
 
-def _skip_or_xfail(kind: str, message: str, program) -> None:
-    if kind == "autodiff":
-        pytest.skip(f"tilegen cannot differentiate {program.name} yet: {message}")
-    if kind == "lowering":
-        pytest.xfail(f"tilegen internal error compiling {program.name}: {message}")
 
 
 def _run_probe(arguments: list[str], program, env: dict[str, str] | None = None) -> dict:
@@ -82,12 +77,6 @@ def _run_probe(arguments: list[str], program, env: dict[str, str] | None = None)
                             env=environment, capture_output=True, text=True, timeout=600,
                             check=False)
     if result.returncode != 0:
-        error = result.stderr.strip().splitlines()
-        kind = next((k for k, code in (("autodiff", "K700"), ("lowering", "K800"))
-                     if any(f"error[{code}]" in line for line in error)), None)
-        message = next((line for line in error if "error[" in line), error[-1] if error else "")
-        if kind is not None:
-            _skip_or_xfail(kind, message.strip(), program)
         raise AssertionError(f"compile probe {arguments} failed:\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -122,18 +111,12 @@ def test_b6_compile_cold(benchmark, program):
 @pytest.mark.parametrize("program", PROGRAMS, ids=_program_id)
 def test_b6_compile_same_process(benchmark, program):
     import tilegen
-    from kina_frontend import KinaError
-
     expected = _expected_functions(program)
 
     def compile_here() -> int:
         return len(tilegen.compile_file(program, jit=True).functions)
 
-    try:
-        compiled = compile_here()  # first compile: the guard, and warms this process
-    except KinaError as error:
-        _skip_or_xfail(error.kind, str(error).splitlines()[0], program)
-        raise
+    compiled = compile_here()  # first compile: the guard, and warms this process
     if compiled != expected:
         raise AssertionError(f"{program.name}: compiled {compiled} of {expected} functions")
     describe(benchmark, _group(program), TILEGEN_SAME_PROCESS, threads=1, units=1,

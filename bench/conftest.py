@@ -117,17 +117,11 @@ def _tilegen_threads(threads: int | None):
 def kina_function():
     """`get(path, name)`: a tilegen-compiled function; each program is compiled once per
     session and each function turned into machine code on first use (tilegen's JIT is lazy
-    per function).
-
-    A compile error of kind K700 (autodiff) with `needs_autodiff=True` (training programs,
-    while reverseMode is landing) skips the benchmark, quoting it. A K800 internal lowering
-    error is a known-bug xfail that quotes the error: the run stays green and the report
-    shows the gap, while the backend's own tests in tests/ are where such bugs fail. Any other
-    compile error fails the benchmark."""
+    per function). A compile error fails the benchmark."""
     modules = {}
     functions = {}
 
-    def get(path, name: str, needs_autodiff: bool = False, threads: int | None = None):
+    def get(path, name: str, threads: int | None = None):
         key = (path, name, threads)
         if key not in functions:
             try:
@@ -139,14 +133,7 @@ def kina_function():
                 functions[key] = error
         compiled = functions[key]
         if isinstance(compiled, KinaError):
-            first_line = str(compiled).splitlines()[0]
-            if needs_autodiff and compiled.kind == "autodiff":
-                pytest.skip(f"tilegen cannot differentiate {path.name} yet: {first_line}")
-            if compiled.kind == "lowering":
-                detail = " / ".join(line.strip() for line in str(compiled).splitlines()[:2])
-                pytest.xfail(f"tilegen internal error compiling {name} ({path.name}): "
-                             f"{detail}")
-            raise compiled
+            raise compiled  # a compile error fails the benchmark (and the short-mode test)
         return compiled
 
     return get

@@ -73,15 +73,8 @@ def program(text: str) -> Program:
 
 
 def emit_example(name: str) -> str:
-    """The example's MLIR, or a skip while reverseMode cannot be expanded yet (autodiff is
-    written concurrently; the nll_step golden appears once it lowers)."""
-    try:
-        return emit_mlir(compile_example(name))
-    except KinaError as error:
-        if "reverse_mode" in str(error) or error.kind == "autodiff" or \
-                "reverseMode" in error.message:
-            pytest.skip(f"{name}: reverseMode does not lower to MLIR yet: {error.message}")
-        raise
+    """The example's MLIR (reverseMode expanded by the autodiff transform)."""
+    return emit_mlir(compile_example(name))
 
 
 # ---- the per-op programs ----------------------------------------------------------------------
@@ -481,9 +474,6 @@ def test_lowered_nll_step_matches_numpy_reference():
     require_tool(MLIR_OPT)
     require_tool(MLIR_TRANSLATE)
     path = GOLDEN_DIR / "storylm0_nll_step.mlir"
-    if not path.exists():
-        pytest.skip("no storylm0_nll_step golden yet (reverseMode did not lower when the "
-                    "goldens were written)")
     from storylm import reference
     from storylm.fixture import causal_mask, load_checkpoint, load_corpus
 
