@@ -50,10 +50,6 @@ def _accepted_type_nums(dtype: str) -> tuple[int, ...]:
                          if np.dtype(c) == target}))
 
 
-def estimate_work(kernel: L.Kernel) -> int:
-    return L.work(kernel.body)
-
-
 def declare_runtime_table(module: ir.Module) -> ir.GlobalVariable:
     existing = module.globals.get(TABLE_SYMBOL)
     if existing is not None:
@@ -133,7 +129,7 @@ def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
     require(disjoint, "disjoint")
     error_record = b.alloca(I64, size=ir.Constant(I64, 3))
     error_record.type = PTR
-    release = estimate_work(kernel) >= RELEASE_GIL_WORK
+    release = L.work(kernel.body) >= RELEASE_GIL_WORK
     if release:
         save = _declare(module, "PyEval_SaveThread", ir.FunctionType(PTR, []))
         restore = _declare(module, "PyEval_RestoreThread", ir.FunctionType(ir.VoidType(), [PTR]))

@@ -126,8 +126,7 @@ class LowerContext:
 
     def materialize(self, view: View, hint: str) -> View:
         buffer = self.add_buffer(hint, view.type, "temp")
-        self.body.extend(self.loops(view.type.concrete_shape,
-                                    lambda index: [L.Store(buffer.name, index, view.at(index))]))
+        _write(self, view, buffer)
         return self.buffer_view(buffer, view.type)
 
     def materialize_transposed(self, view: View, hint: str) -> View:
@@ -166,14 +165,18 @@ class LowerContext:
             return L.CheckedId(ids.at(index), limit, number, tuple(index))
         return checked
 
-    def gemm(self, out: str, a: View, b: View) -> L.Gemm | None:
-        """A packed, register-blocked matrix multiply writing `out`, when the product is big
-        enough for packing to pay; None to keep the fused `Reduce` form."""
+    def gemm_pays(self, a: View, b: View) -> bool:
+        """Whether a @ b is big enough for packed panels to beat the fused `Reduce` form."""
+        m, k = a.type.concrete_shape[-2:]
+        n = b.type.concrete_shape[-1]
+        return a.type.dtype.value in gemm_module.LANES and m * n * k >= GEMM_MIN_WORK and \
+            n >= 8 and k >= 8
+
+    def gemm(self, out: str, a: View, b: View) -> L.Gemm:
+        """A packed, register-blocked matrix multiply of a @ b writing `out`."""
         a_shape, b_shape = a.type.concrete_shape, b.type.concrete_shape
         m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
         dtype = a.type.dtype.value
-        if dtype not in gemm_module.LANES or m * n * k < GEMM_MIN_WORK or n < 8 or k < 8:
-            return None
         batch_extents = a_shape[:-2]
         batch = tuple(self.var(e, "b") for e in batch_extents)
         i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")

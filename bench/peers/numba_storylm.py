@@ -22,18 +22,10 @@ from numba import njit
 EXP_UNDERFLOW = np.float32(-104.0)  # float32 exp(x) == 0 for every x below this
 
 
-@njit(cache=False)
-def _activations(ids, embed, mask, scale, wq, wk, wv, wo, lm_head, heads, logits):
-    """Fused forward over row 0 of `ids`; fills logits[0] and returns the activations the
-    backward reads: x, q, k, v ([T, D]), probs [H, T, T], attended and hidden ([T, D])."""
-    length = ids.shape[1]
-    width = embed.shape[1]
-    vocab = lm_head.shape[1]
-    head_dim = width // heads
-    x = np.empty((length, width), np.float32)
-    q = np.empty((length, width), np.float32)
-    k = np.empty((length, width), np.float32)
-    v = np.empty((length, width), np.float32)
+@njit(cache=False, inline="always")
+def _embed_and_project(ids, embed, wq, wk, wv, x, q, k, v):
+    """x = embed[ids[0]], and its three projections, in one fused pass over the tokens."""
+    length, width = x.shape
     for t in range(length):
         row = ids[0, t]
         for d in range(width):
@@ -50,6 +42,21 @@ def _activations(ids, embed, mask, scale, wq, wk, wv, wo, lm_head, heads, logits
             q[t, j] = acc_q
             k[t, j] = acc_k
             v[t, j] = acc_v
+
+
+@njit(cache=False)
+def _activations(ids, embed, mask, scale, wq, wk, wv, wo, lm_head, heads, logits):
+    """Fused forward over row 0 of `ids`; fills logits[0] and returns the activations the
+    backward reads: x, q, k, v ([T, D]), probs [H, T, T], attended and hidden ([T, D])."""
+    length = ids.shape[1]
+    width = embed.shape[1]
+    vocab = lm_head.shape[1]
+    head_dim = width // heads
+    x = np.empty((length, width), np.float32)
+    q = np.empty((length, width), np.float32)
+    k = np.empty((length, width), np.float32)
+    v = np.empty((length, width), np.float32)
+    _embed_and_project(ids, embed, wq, wk, wv, x, q, k, v)
     factor = scale[0, 0, 0, 0]
     probs = np.empty((heads, length, length), np.float32)
     attended = np.zeros((length, width), np.float32)
@@ -100,22 +107,7 @@ def forward_into(ids, embed, mask, scale, wq, wk, wv, wo, lm_head, heads, logits
     head_dim = width // heads
     work = np.empty((4, length, width), np.float32)
     x, q, k, v = work[0], work[1], work[2], work[3]
-    for t in range(length):
-        row = ids[0, t]
-        for d in range(width):
-            x[t, d] = embed[row, d]
-        for j in range(width):
-            acc_q = np.float32(0.0)
-            acc_k = np.float32(0.0)
-            acc_v = np.float32(0.0)
-            for i in range(width):
-                xi = x[t, i]
-                acc_q += xi * wq[i, j]
-                acc_k += xi * wk[i, j]
-                acc_v += xi * wv[i, j]
-            q[t, j] = acc_q
-            k[t, j] = acc_k
-            v[t, j] = acc_v
+    _embed_and_project(ids, embed, wq, wk, wv, x, q, k, v)
     factor = scale[0, 0, 0, 0]
     scores = np.empty(length, np.float32)
     attended = np.empty(width, np.float32)
