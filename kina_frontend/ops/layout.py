@@ -16,7 +16,7 @@ def _dims(shape) -> str:
 
 
 def _is_one(dim) -> bool:
-    return sympy.expand(sympy.sympify(dim) - 1) == 0
+    return sympy.expand(dim) == 1  # expanded polynomials are canonical
 
 
 def _broadcast_rule(ctx, operands, attrs):
