@@ -21,6 +21,11 @@ fn twice(x: Tensor[F32, [3, 17], @host]) -> (Tensor[F32, [3, 17], @host],
                                              Tensor[F32, [3], @host]) {
   return (mul(x, 2.0), sum(x, axis=1));
 }
+fn two_tables(small: Tensor[F32, [3, 2], @host], big: Tensor[F32, [9, 2], @host],
+              x: Tensor[F32, [4, 2], @host], ids: Tensor[I64, [4], @host])
+    -> (Tensor[F32, [4, 2], @host], Tensor[F32, [4, 2], @host], Tensor[F32, [4, 2], @host]) {
+  return (mul(x, 3.0), gather(big, ids), gather(small, ids));
+}
 fn computed(x: Tensor[F32, [4, 9], @host], table: Tensor[F32, [5, 2], @host])
     -> Tensor[F32, [4, 2], @host] {
   return gather(table, argmax(x, axis=1));
@@ -44,6 +49,27 @@ def test_gather_and_one_hot_ids_out_of_range(module):
         module.classes(np.array([0, 1, 2, 3, 7]))
     good = module.embed(table, np.array([[0, 1, 2], [3, 7, 5]]))
     np.testing.assert_array_equal(good, table[np.array([[0, 1, 2], [3, 7, 5]])])
+
+
+def test_parameter_ids_are_checked_before_anything_is_written(module):
+    small, big = np.ones((3, 2), np.float32), np.ones((9, 2), np.float32)
+    x = np.ones((4, 2), np.float32)
+    outs = tuple(np.full((4, 2), -7.0, np.float32) for _ in range(3))
+    # Valid for `big` (9 rows), not for `small` (3 rows): the second gather's limit is
+    # checked on its own, and no result -- not even the first, which needs no ids -- is
+    # written before the bad id is found.
+    with pytest.raises(IdOutOfRangeError, match=r"gather .* id 5 at position \[2\] "
+                                                r"of argument 'ids'"):
+        module.two_tables(small, big, x, np.array([0, 1, 5, 8]), out=outs)
+    for out in outs:
+        np.testing.assert_array_equal(out, np.full((4, 2), -7.0, np.float32))
+    with pytest.raises(IdOutOfRangeError, match=r"id 9 at position \[3\]"):
+        module.two_tables(small, big, x, np.array([0, 1, 2, 9]), out=outs)
+    ids = np.array([2, 0, 1, 1])
+    tripled, from_big, from_small = module.two_tables(small * 2, big * 5, x, ids)
+    np.testing.assert_array_equal(tripled, np.full((4, 2), 3.0, np.float32))
+    np.testing.assert_array_equal(from_big, np.full((4, 2), 5.0, np.float32))
+    np.testing.assert_array_equal(from_small, np.full((4, 2), 2.0, np.float32))
 
 
 def test_computed_ids_are_checked(module):

@@ -64,6 +64,10 @@ class LowerContext:
         self.buffers: list[L.Buffer] = []
         self.body: list[L.Stmt] = []
         self.check_sites: list[L.CheckSite] = []
+        # Ids read straight from a parameter are validated once, before anything else runs:
+        # the uses then load them unchecked, and a bad id stops the kernel before it writes.
+        self.prologue: list[L.Stmt] = []
+        self._validated: set[tuple[str, int]] = set()
         self.current: Operation | None = None
         self._counter = 0
         self._names: set[str] = set()
@@ -156,6 +160,8 @@ class LowerContext:
         """For the op being lowered: a function from an index of `ids` to the id there,
         checked to lie in [0, limit) when the kernel runs."""
         op = self.current
+        if ids.param is not None and (ids.param, limit) in self._validated:
+            return ids.at
         site = L.CheckSite(op.op if op else "?", str(op.span) if op and op.span else "?",
                            limit, ids.type.concrete_shape, ids.param)
         self.check_sites.append(site)
@@ -163,7 +169,15 @@ class LowerContext:
 
         def checked(index: tuple[L.Expr, ...]) -> L.Expr:
             return L.CheckedId(ids.at(index), limit, number, tuple(index))
-        return checked
+        if ids.param is None:
+            return checked
+        # The whole parameter is the ids tensor (`param` marks its identity view), so every
+        # element is an id and checking all of them up front reports exactly what the uses
+        # would, in row-major order.
+        self._validated.add((ids.param, limit))
+        self.prologue.extend(self.loops(ids.type.concrete_shape, lambda index: [
+            L.Let(self.var(1, "valid_id"), checked(index))], hint="id"))
+        return ids.at
 
     def gemm_pays(self, a: View, b: View) -> bool:
         """Whether a @ b is big enough for packed panels to beat the fused `Reduce` form."""
@@ -245,7 +259,8 @@ def lower_function(function: Function, kernel_name: str | None = None,
             output_buffers[position] = ctx.add_buffer(f"out{position}", value.type, "output")
             _write(ctx, views[value.name], output_buffers[position])
     outputs = [output_buffers[p].name for p in range(len(function.results))]
-    return L.Kernel(kernel_name or function.name, tuple(ctx.buffers), tuple(ctx.body),
+    return L.Kernel(kernel_name or function.name, tuple(ctx.buffers),
+                    tuple(ctx.prologue) + tuple(ctx.body),
                     tuple(inputs), tuple(outputs), tuple(ctx.check_sites))
 
 
