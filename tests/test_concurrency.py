@@ -9,8 +9,11 @@ engine shows up as a failed test, not a crashed test run:
   lifetime  drop the module, keep one of its functions, collect garbage, call it; the
             module goes away with its last function.
   rss       1 000 compile/call/discard cycles of new programs; RSS from /proc/self/statm.
+  blocks    the heap blocks kernels keep between calls (workspace, gemm panels): shared by
+            threads calling at once, and freed when their code is unloaded.
 
-    python tests/test_concurrency.py threads|lifetime-jit|lifetime-so|rss [cycles]
+    python tests/test_concurrency.py threads|lifetime-jit|lifetime-so|blocks-jit|blocks-so
+    python tests/test_concurrency.py rss [cycles]
 """
 
 from __future__ import annotations
@@ -45,6 +48,23 @@ fn big(x: Tensor[F32, [64, 4096], @host]) -> Tensor[F32, [64, 4096], @host] {
   return softmax(x, axis=1);
 }
 """
+
+# A softmax feeding a matmul: p ([512, 2048], 4 MB) lives in the kernel's heap workspace, and
+# the matmul packs its panels into per-thread blocks; both are kept between calls.
+BLOCKS = """
+fn blocks(x: Tensor[F32, [512, 2048], @host], w: Tensor[F32, [2048, 64], @host])
+    -> Tensor[F32, [512, 64], @host] {
+  return matmul(softmax(x, axis=1), w);
+}
+"""
+
+
+def _blocks_inputs():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((512, 2048)).astype(np.float32)
+    w = rng.standard_normal((2048, 64)).astype(np.float32)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    return x, w, (e / e.sum(axis=1, keepdims=True)) @ w.astype(np.float64)
 
 
 def _close(have: np.ndarray, want: np.ndarray) -> bool:
@@ -153,6 +173,25 @@ def child_threads() -> dict:
         return []
 
     report["parallel kernel from 4 threads"] = _run_threads(parallel, 4)
+
+    # 5. a kernel with cached heap blocks called from four threads at once: each call must
+    # get a block of its own (taken from the cache or fresh), never one in use
+    blocks = compile_source(BLOCKS, "blocks.kina").blocks
+    bx, bw, bwant = _blocks_inputs()
+    blocks_alone = blocks(bx, bw)
+
+    def cached_blocks(index: int) -> list[str]:
+        # Different inputs per thread: a block shared by two calls would mix their rows.
+        scale = np.float32(1 + index)
+        reference = blocks(bx * scale, bw)
+        for _ in range(10):
+            if not np.array_equal(blocks(bx * scale, bw), reference):
+                return [f"thread {index}: results changed between calls"]
+        return []
+
+    report["cached blocks from 4 threads"] = _run_threads(cached_blocks, 4)
+    report["cached blocks vs NumPy"] = [] if np.allclose(blocks_alone, bwant, rtol=1e-4,
+                                                         atol=1e-5) else ["wrong result"]
     e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
     report["parallel kernel vs NumPy"] = [] if np.allclose(
         alone, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7) else ["wrong softmax"]
@@ -222,6 +261,29 @@ def child_rss(cycles: int) -> dict:
             "alive after clearing the cache": sum(ref() is not None for ref in modules)}
 
 
+# ---- child: blocks --------------------------------------------------------------------------
+
+def child_blocks(mode: str, cycles: int = 12) -> dict:
+    """Compile, call and drop the BLOCKS kernel `cycles` times (a new program each time):
+    each leaves ~5 MB of cached blocks, which must go with its code."""
+    import tilegen
+    from tilegen.cache import MEMORY
+
+    x, w, want = _blocks_inputs()
+    samples = []
+    for cycle in range(cycles):
+        module = tilegen.compile_source(BLOCKS + f"// cycle {cycle}\n", "blocks.kina",
+                                        jit=(mode == "jit"))
+        for _ in range(3):
+            if not np.allclose(module.blocks(x, w), want, rtol=1e-4, atol=1e-5):
+                return {"error": f"cycle {cycle}: wrong result"}
+        del module
+        MEMORY.clear()
+        gc.collect()
+        samples.append(_rss_bytes())
+    return {"samples": samples}
+
+
 # ---- parent ---------------------------------------------------------------------------------
 
 def _child(*args: str, env: dict | None = None, timeout: float = 600) -> dict:
@@ -241,7 +303,9 @@ def threads_report():
 
 @pytest.mark.parametrize("scenario", ["different programs", "shared module with id errors",
                                       "same source at once", "parallel kernel from 4 threads",
-                                      "parallel kernel vs NumPy"])
+                                      "parallel kernel vs NumPy",
+                                      "cached blocks from 4 threads",
+                                      "cached blocks vs NumPy"])
 def test_threads(threads_report, scenario):
     assert threads_report[scenario] == []
 
@@ -251,6 +315,16 @@ def test_a_function_keeps_its_module_alive(mode):
     report = _child(f"lifetime-{mode}")
     assert report == {"calls correct": True, "module kept by its function": True,
                       "module released with its last function": True}
+
+
+@pytest.mark.parametrize("mode", ["jit", "so"])
+def test_cached_blocks_are_freed_with_their_code(mode):
+    """Without `<symbol>.release`, each dropped module would keep its ~5 MB of blocks."""
+    report = _child(f"blocks-{mode}", env={"TILEGEN_NUM_THREADS": "2", "TILEGEN_CACHE_DIR": ""})
+    assert "error" not in report, report["error"]
+    samples = report["samples"]
+    growth_mb = (samples[-1] - samples[2]) / 2**20
+    assert growth_mb < 12, [round(s / 2**20, 1) for s in samples]
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +367,8 @@ if __name__ == "__main__":
         output = child_threads()
     elif command.startswith("lifetime-"):
         output = child_lifetime(command.removeprefix("lifetime-"))
+    elif command.startswith("blocks-"):
+        output = child_blocks(command.removeprefix("blocks-"))
     else:
         output = child_rss(int(sys.argv[2]))
     print(json.dumps(output))

@@ -30,8 +30,17 @@ ELEMENT_BYTES = {L.F32: 4, L.F64: 8, L.I64: 8}
 # trips are unrolled as they are emitted.
 UNROLL_TRIPS = 4
 
-# Temporaries up to this size live on the stack; larger ones are malloc'ed and freed.
+# Temporaries up to this size live on the stack; larger ones share one heap workspace.
 STACK_TEMP_BYTES = 64 * 1024
+# Heap blocks (the workspace, gemm packing panels) are kept between calls, one per slot, so
+# a call does not pay for page-faulting fresh memory (a 4 MB temporary costs ~1 ms of faults
+# each time glibc hands it out through mmap). A call takes its slot's block with an atomic
+# exchange (or mallocs one when another call holds it) and puts it back when it returns.
+# The slots are an array the runtime owns: it reads their number from `<symbol>.blockcount`
+# and stores the array's address in `<symbol>.blocks` (left null, nothing is cached), and
+# frees the blocks when the code is unloaded -- without running code that may be gone.
+BLOCKS_SUFFIX = ".blocks"
+BLOCK_COUNT_SUFFIX = ".blockcount"
 # Float ops may be contracted into FMAs (more accurate, never less).
 FLOAT_FLAGS = ("contract",)
 
@@ -50,6 +59,40 @@ class _Lane:
     width: int
     base: ir.Value
     mask: ir.Value | None
+
+
+def _int_constant(value: ir.Value) -> int | None:
+    if isinstance(value, ir.Constant) and isinstance(value.type, ir.IntType) \
+            and isinstance(value.constant, int):
+        return value.constant
+    return None
+
+
+def _fold_index(op: str, lhs: ir.Value, rhs: ir.Value) -> ir.Value | None:
+    """Integer arithmetic on constants (unrolled loop indices) folded here, so the unrolled
+    address arithmetic reaches LLVM as constants instead of instructions for it to fold."""
+    a, b = _int_constant(lhs), _int_constant(rhs)
+    if a is None and b is None:
+        return None
+    if op == "add" and (a == 0 or b == 0):
+        return rhs if a == 0 else lhs
+    if op == "mul" and (a == 1 or b == 1):
+        return rhs if a == 1 else lhs
+    if op == "mul" and (a == 0 or b == 0):
+        return ir.Constant(lhs.type, 0)
+    if op == "sub" and b == 0:
+        return lhs
+    if a is None or b is None:
+        return None
+    if op in ("add", "sub", "mul"):
+        value = {"add": a + b, "sub": a - b, "mul": a * b}[op]
+    elif op in ("floordiv", "mod") and a >= 0 and b > 0:  # udiv/urem on non-negatives
+        value = a // b if op == "floordiv" else a % b
+    else:
+        return None
+    if not -(2 ** 63) <= value < 2 ** 63:
+        return None
+    return ir.Constant(lhs.type, value)
 
 
 def _const(dtype: str, value) -> ir.Constant:
@@ -80,8 +123,12 @@ class KernelCodegen:
         self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
         self.exit_block = self.function.append_basic_block("exit")
         self.status_incoming: list[tuple[ir.Value, ir.Block]] = []
-        self.heap: list[ir.Value] = []
         self.cleanups: list[ir.Value] = []  # scratch blocks an error exit must free
+        self.root = self
+        self.block_table = ir.GlobalVariable(module, PTR, symbol + BLOCKS_SUFFIX)
+        self.block_table.initializer = ir.Constant(PTR, None)
+        self.block_count = 0
+        self.workspace: tuple[ir.Value, ir.Value] | None = None  # (block, its slot)
         self.env: list[dict[str, Val]] = [{}]
         self.cache: list[dict[L.Expr, Val]] = [{}]
         self.lane: _Lane | None = None
@@ -90,10 +137,7 @@ class KernelCodegen:
     # ---- function frame -----------------------------------------------------------------------
 
     def build(self) -> ir.Function:
-        for buffer in self.kernel.buffers:
-            if buffer.role == "temp":
-                self.pointers[buffer.name] = self._allocate(buffer)
-        self._check_allocations()
+        self._allocate_temporaries()
         counters = self._profile_counters() if self.profile else None
         for position, stmt in enumerate(self.kernel.body):
             started = self._cycles() if counters is not None else None
@@ -109,32 +153,97 @@ class KernelCodegen:
         status = self.b.phi(I64, name="status")
         for value, block in self.status_incoming:
             status.add_incoming(value, block)
-        for pointer in self.heap:
-            self.b.call(self._free(), [pointer])
+        if self.workspace is not None:
+            self.release_block(*self.workspace)
         self.b.ret(status)
+        count = ir.GlobalVariable(self.module, I64, self.function.name + BLOCK_COUNT_SUFFIX)
+        count.initializer = ir.Constant(I64, self.block_count)
+        count.global_constant = True
         return self.function
 
-    def _allocate(self, buffer: L.Buffer) -> ir.Value:
-        nbytes = buffer.size * ELEMENT_BYTES[buffer.dtype]
-        if nbytes <= STACK_TEMP_BYTES:
-            slot = self.b.alloca(SCALAR_LLVM[buffer.dtype], size=ir.Constant(I64, buffer.size),
-                                 name=f"tmp.{buffer.name}")
-            slot.align = 64
-            slot.type = PTR  # LLVM 22 pointers are opaque; llvmlite would keep `float*`
-            return slot
-        pointer = self.b.call(self._malloc(), [ir.Constant(I64, nbytes)],
-                              name=f"heap.{buffer.name}")
-        self.heap.append(pointer)
-        return pointer
+    def _allocate_temporaries(self) -> None:
+        """Small temporaries on the stack; the rest carved from one cached workspace."""
+        offsets: dict[str, int] = {}
+        total = 0
+        for buffer in self.kernel.buffers:
+            if buffer.role != "temp":
+                continue
+            nbytes = buffer.size * ELEMENT_BYTES[buffer.dtype]
+            if nbytes <= STACK_TEMP_BYTES:
+                slot = self.b.alloca(SCALAR_LLVM[buffer.dtype],
+                                     size=ir.Constant(I64, buffer.size),
+                                     name=f"tmp.{buffer.name}")
+                slot.align = 64
+                slot.type = PTR  # LLVM 22 pointers are opaque; llvmlite would keep `float*`
+                self.pointers[buffer.name] = slot
+            else:
+                offsets[buffer.name] = total
+                total += -(-nbytes // 64) * 64
+        if not offsets:
+            return
+        slot = self.block_slot(self.new_block_slots(1), ir.Constant(I64, 0))
+        block = self.acquire_block(slot, total)
+        self.workspace = (block, slot)
+        # Running out of memory ends the call with status -1 instead of a crash; the block
+        # dominates the exit block, which puts it back (null included) in its slot.
+        failed = self.b.icmp_unsigned("==", block, ir.Constant(PTR, None))
+        with self.b.if_then(failed, likely=False):
+            self._finish(ir.Constant(I64, -1))
+        for name, offset in offsets.items():
+            pointer = self.b.gep(block, [ir.Constant(I64, offset)], source_etype=ir.IntType(8),
+                                 name=f"heap.{name}")
+            pointer.type = PTR
+            self.pointers[name] = pointer
 
-    def _check_allocations(self) -> None:
-        # Running out of memory ends the call with status -1 instead of a crash. The checks
-        # come after every malloc so that each malloc dominates its free in the exit block
-        # (free(NULL) is a no-op for the ones that failed).
-        for pointer in self.heap:
-            failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
-            with self.b.if_then(failed, likely=False):
-                self._finish(ir.Constant(I64, -1))
+    # ---- cached heap blocks -------------------------------------------------------------------
+
+    def new_block_slots(self, count: int) -> int:
+        """Reserve `count` slots in the kernel's block table; returns the first."""
+        root = self.root
+        first = root.block_count
+        root.block_count += count
+        return first
+
+    def block_slot(self, first: int, index: ir.Value) -> ir.Value:
+        """Pointer to slot `first + index`, or null when the runtime gave no table."""
+        table = self.b.load(self.root.block_table, typ=PTR)
+        pointer = self.b.gep(table, [self.b.add(index, ir.Constant(I64, first))],
+                             source_etype=PTR)
+        pointer.type = PTR
+        missing = self.b.icmp_unsigned("==", table, ir.Constant(PTR, None))
+        return self.b.select(missing, ir.Constant(PTR, None), pointer)
+
+    def acquire_block(self, slot: ir.Value, nbytes: int) -> ir.Value:
+        """The block cached in `slot` (taking it), or a fresh malloc of `nbytes`; null only
+        when malloc fails."""
+        null = ir.Constant(PTR, None)
+        before = self.b.block
+        with self.b.if_then(self.b.icmp_unsigned("!=", slot, null)):
+            taken = self.b.atomic_rmw("xchg", slot, null, "acquire")
+            taken_end = self.b.block
+        cached = self.b.phi(PTR)
+        cached.add_incoming(null, before)
+        cached.add_incoming(taken, taken_end)
+        before = self.b.block
+        with self.b.if_then(self.b.icmp_unsigned("==", cached, null), likely=False):
+            fresh = self.b.call(self._malloc(), [ir.Constant(I64, nbytes)])
+            fresh_end = self.b.block
+        block = self.b.phi(PTR)
+        block.add_incoming(cached, before)
+        block.add_incoming(fresh, fresh_end)
+        return block
+
+    def release_block(self, block: ir.Value, slot: ir.Value) -> None:
+        """Put `block` back in `slot` (freeing whatever another call left there), or free
+        it when there is no slot."""
+        before = self.b.block
+        with self.b.if_then(self.b.icmp_unsigned("!=", slot, ir.Constant(PTR, None))):
+            swapped = self.b.atomic_rmw("xchg", slot, block, "acq_rel")
+            swapped_end = self.b.block
+        displaced = self.b.phi(PTR)
+        displaced.add_incoming(block, before)
+        displaced.add_incoming(swapped, swapped_end)
+        self.b.call(self._free(), [displaced])
 
     def _profile_counters(self) -> ir.GlobalVariable:
         """Per top-level loop nest cycle counters (TILEGEN_PROFILE): `<symbol>.cycles`."""
@@ -544,6 +653,10 @@ class KernelCodegen:
             name = "llvm.smax" if op == "max" else "llvm.smin"
             return Val(builder.call(self._intrinsic(name, a.type, [a.type, a.type]), [a, b]),
                        vector)
+        if not vector:
+            folded = _fold_index(op, a, b)
+            if folded is not None:
+                return Val(folded, False)
         method = {"add": builder.add, "sub": builder.sub, "mul": builder.mul,
                   "div": builder.sdiv, "floordiv": builder.udiv, "mod": builder.urem}[op]
         return Val(method(a, b), vector)
@@ -804,13 +917,13 @@ class _OutlinedCodegen(KernelCodegen):
         self.kernel = parent.kernel
         self.math = parent.math
         self.buffers = parent.buffers
+        self.root = parent.root
         self.function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), name)
         self.function.linkage = "internal"
         self.function.attributes.add("nounwind")
         self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
         self.exit_block = self.function.append_basic_block("exit")
         self.status_incoming = []
-        self.heap = []
         self.cleanups = []
         self.lane = None
         self.varying_names = set()
@@ -841,8 +954,6 @@ class _OutlinedCodegen(KernelCodegen):
         body(self, lo, hi)
         self.b.branch(self.exit_block)
         self.b.position_at_end(self.exit_block)
-        for pointer in self.heap:
-            self.b.call(self._free(), [pointer])
         self.b.ret_void()
 
     def _finish(self, status: ir.Value) -> None:

@@ -131,15 +131,26 @@ class _GemmEmitter:
         return self.b.icmp_signed("<", index, self.cg._splat(limit, self.lanes))
 
     def scratch(self, count: int):
-        """One malloc'ed block for this call's packed panels; freed when `rows` ends, and
-        by any error exit taken while it is live (`cg.cleanups`)."""
+        """This thread's block for the packed panels, cached between calls in one slot per
+        thread (`KernelCodegen.acquire_block`); returned to it when `rows` ends, freed by any
+        error exit taken while it is live (`cg.cleanups`). Returns (block, slot)."""
         nbytes = count * BYTES[self.g.dtype] + 128
-        pointer = self.b.call(self.cg._malloc(), [self.const(nbytes)])
+        threads = max(1, self.g.threads)
+        first = self.cg.new_block_slots(threads)
+        thread = self.const(0)
+        if threads > 1:
+            # Two threads landing on one slot would still be safe (the exchange hands the
+            # block to one of them); the clamp only keeps the index in range.
+            number = self.b.call(self.cg._declare("omp_get_thread_num", ir.FunctionType(
+                ir.IntType(32), [])), [])
+            thread = _smin(self.b, self.b.sext(number, I64), self.const(threads - 1))
+        slot = self.cg.block_slot(first, thread)
+        pointer = self.cg.acquire_block(slot, nbytes)
         failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
         with self.b.if_then(failed, likely=False):
             self.cg._finish(self.const(-1))
         self.cg.cleanups.append(pointer)
-        return pointer
+        return pointer, slot
 
     # ---- structure ----------------------------------------------------------------------------
 
@@ -148,7 +159,7 @@ class _GemmEmitter:
         if t.nc % t.nr or t.mc % t.mr:
             raise ValueError(f"gemm tiles {t}: nc must be a multiple of nr and mc of mr")
         a_size = t.mc * self.a_stride
-        block = self.scratch(a_size + t.kc * t.nc)
+        block, slot = self.scratch(a_size + t.kc * t.nc)
         packed_a = block
         # B's panel starts on a 64-byte boundary after A's.
         packed_b = self.gep(block, self.const(-(-a_size * BYTES[g.dtype] // 64) * 64
@@ -173,7 +184,7 @@ class _GemmEmitter:
             return carried
         self.cg._loop(0, g.n, t.nc, [], column_block)
         self.cg.cleanups.remove(block)
-        self.b.call(self.cg._free(), [block])
+        self.cg.release_block(block, slot)
 
     # ---- packing ------------------------------------------------------------------------------
 

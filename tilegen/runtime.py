@@ -25,6 +25,7 @@ import numpy as np
 
 from kina_frontend.diagnostics import KinaError
 
+from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import TABLE_SYMBOL, fill_runtime_table, layout_is_supported, make_builtin
 from .pipeline import KernelPlan, codegen, jit_object_code, object_code, to_llvm
 from .target import LLVM_LOCK, new_target_machine
@@ -210,7 +211,29 @@ class NativeCode:
     entry: int  # address of its METH_FASTCALL entry
     table: int | None  # address of the runtime table the entry reads
     profile: int | None  # address of the TILEGEN_PROFILE cycle counters, if compiled in
-    owner: object  # the MCJIT engine or the loaded library
+    owner: object  # the MCJIT engine or the loaded library, inside a _CodeOwner
+
+
+_LIBC_FREE = ctypes.CDLL(None).free
+_LIBC_FREE.argtypes = [ctypes.c_void_p]
+_LIBC_FREE.restype = None
+
+
+class _CodeOwner:
+    """Keeps compiled code loaded, and owns the slots in which its kernel keeps heap blocks
+    between calls (see tilegen.codegen): given to the kernel through `<symbol>.blocks`,
+    freed here with plain libc `free` -- the code may already be gone when this goes."""
+
+    def __init__(self, owner: object, table: int | None, count: int):
+        self.owner = owner
+        self._slots = (ctypes.c_void_p * max(count, 1))()
+        if table:
+            ctypes.c_void_p.from_address(table).value = ctypes.addressof(self._slots)
+
+    def __del__(self):
+        for block in self._slots:
+            if block:
+                _LIBC_FREE(block)
 
 
 class CompiledModule:
@@ -319,10 +342,13 @@ def jit_module(plans: list[KernelPlan], profile: bool = False, disk=None,
         with LLVM_LOCK:
             kernel = engine.get_function_address(plan.symbol)
             entry = engine.get_function_address(plan.entry_symbol)
+            blocks = engine.get_global_value_address(plan.symbol + BLOCKS_SUFFIX)
+            count = engine.get_global_value_address(plan.symbol + BLOCK_COUNT_SUFFIX)
             table = engine.get_global_value_address(TABLE_SYMBOL)
             counters = engine.get_global_value_address(plan.symbol + ".cycles") \
                 if profile else None
-        return NativeCode(kernel, entry, table, counters or None, engine)
+        return NativeCode(kernel, entry, table, counters or None,
+                          _CodeOwner(engine, blocks, ctypes.c_int64.from_address(count).value))
 
     return CompiledModule(plans, "jit", load)
 
@@ -383,7 +409,9 @@ def load_shared_library(plans: list[KernelPlan], path: str) -> CompiledModule:
         except ValueError:
             counters = None
         return NativeCode(address(plan.symbol), address(plan.entry_symbol), table, counters,
-                          library)
+                          _CodeOwner(library, ctypes.addressof(ctypes.c_void_p.in_dll(
+                              library, plan.symbol + BLOCKS_SUFFIX)), ctypes.c_int64.in_dll(
+                              library, plan.symbol + BLOCK_COUNT_SUFFIX).value))
 
     module = CompiledModule(plans, "so", load)
     module.functions  # noqa: B018 -- resolve every symbol now, while the file exists
