@@ -61,6 +61,16 @@ class _Lane:
     mask: ir.Value | None
 
 
+def _tail_width(width: int, active: int) -> int:
+    """Lanes for a loop's last `active` (< width) elements: the narrowest of 4 and 8 lanes
+    that holds them. A masked 16-lane tile costs a full 512-bit op per instruction (two
+    issue slots on Zen 4); a 4-lane one, a quarter of that."""
+    for narrow in (4, 8):
+        if active <= narrow < width:
+            return narrow
+    return width
+
+
 def _int_constant(value: ir.Value) -> int | None:
     if isinstance(value, ir.Constant) and isinstance(value.type, ir.IntType) \
             and isinstance(value.constant, int):
@@ -379,8 +389,10 @@ class KernelCodegen:
                 return carried
             self._loop(0, main, width, [], body)
         if loop.extent - main:
-            mask = self._tail_mask(width, loop.extent - main)
-            self._in_tile(loop.var.name, width, ir.Constant(I64, main), mask, loop.body)
+            active = loop.extent - main
+            narrow = _tail_width(width, active)
+            mask = self._tail_mask(narrow, active) if active < narrow else None
+            self._in_tile(loop.var.name, narrow, ir.Constant(I64, main), mask, loop.body)
 
     def _in_tile(self, var, width, base, mask, body) -> None:
         saved = self.lane
@@ -783,15 +795,23 @@ class KernelCodegen:
         main = reduce.extent // width * width
         float_max = reduce.op == "max" and dtype in L.FLOAT_TYPES
 
-        def tile(base, mask, carried):
+        def tile(base, mask, carried, tile_width=width):
             saved = self.lane
-            self.lane = _Lane(reduce.var.name, width, base, mask)
+            self.lane = _Lane(reduce.var.name, tile_width, base, mask)
             self._push()
-            value = Val(self._as_vector(self.expr(reduce.body)), True)
+            value = self._as_vector(self.expr(reduce.body))
             self._pop()
-            if mask is not None:
-                value = Val(self.b.select(mask, value.value, init), True)
-            combined = self._combine(reduce.op, carried, value, None, dtype, True)
+            if tile_width < width or mask is not None:
+                # Masked-off lanes, and the lanes a narrow tail lacks, hold the identity.
+                fill = ir.Constant(ir.VectorType(vtype.element, tile_width),
+                                   [identity.constant] * tile_width)
+                if mask is not None:
+                    value = self.b.select(mask, value, fill)
+                if tile_width < width:
+                    value = self.b.shuffle_vector(value, fill, ir.Constant(
+                        ir.VectorType(ir.IntType(32), width),
+                        [min(lane, tile_width) for lane in range(width)]))
+            combined = self._combine(reduce.op, carried, Val(value, True), None, dtype, True)
             self.lane = saved
             return combined
 
@@ -801,8 +821,11 @@ class KernelCodegen:
             carried = self._loop(0, main, width, carried,
                                  lambda index, acc: tile(index, None, acc))
         if reduce.extent - main:
-            carried = tile(ir.Constant(I64, main), self._tail_mask(width, reduce.extent - main),
-                           carried)
+            active = reduce.extent - main
+            narrow = _tail_width(width, active)
+            carried = tile(ir.Constant(I64, main),
+                           self._tail_mask(narrow, active) if active < narrow else None,
+                           carried, narrow)
         accumulator = carried[0]
         if reduce.op == "sum":
             name = "llvm.vector.reduce.fadd" if dtype in L.FLOAT_TYPES else \

@@ -75,6 +75,8 @@ class MathLibrary:
         function.attributes.add("nounwind")
         builder = ir.IRBuilder(function.append_basic_block("entry"))
         emit = _Emitter(self.module, builder, ty)
+        if op == "exp" and isinstance(ty, ir.VectorType):
+            emit.skip_if_all_underflow(function)
         builder.ret(emit.exp(function.args[0]) if op == "exp" else emit.log(function.args[0]))
         return function
 
@@ -118,11 +120,12 @@ class _Emitter:
         return self.b.bitcast(self.b.shl(biased, self.i(self.fmt.mantissa_bits)), self.ty)
 
     def scalef_intrinsic(self):
-        """llvm.x86.avx512.mask.scalef for 256/512-bit vectors when the host has AVX-512."""
+        """llvm.x86.avx512.mask.scalef for 128/256/512-bit vectors when the host has
+        AVX-512 (VL for the narrow ones)."""
         if not self.width or not _host_has("avx512f") or not _host_has("avx512vl"):
             return None
         bits = self.width * (64 if self.fmt.is_double else 32)
-        if bits not in (256, 512):
+        if bits not in (128, 256, 512):
             return None
         kind = "pd" if self.fmt.is_double else "ps"
         name = f"llvm.x86.avx512.mask.scalef.{kind}.{bits}"
@@ -134,6 +137,22 @@ class _Emitter:
         return function
 
     # ---- exp ----------------------------------------------------------------------------------
+
+    def skip_if_all_underflow(self, function: ir.Function) -> None:
+        """Return +0 for the whole vector when every lane is below the underflow bound,
+        where exp rounds to +0 anyway (bit-identical). Masked softmax rows are full of such
+        vectors (the causal half of the scores, -1e9 minus the row max): they then cost a
+        compare and a branch instead of the polynomial. NaN lanes compare false."""
+        b, x = self.b, function.args[0]
+        below = b.fcmp_ordered("<", x, self.f(self.fmt.underflow))
+        bits = b.bitcast(below, ir.IntType(self.width))
+        every = b.icmp_unsigned("==", bits, ir.Constant(bits.type, (1 << self.width) - 1))
+        underflow = function.append_basic_block("underflow")
+        compute = function.append_basic_block("compute")
+        b.cbranch(every, underflow, compute)
+        b.position_at_end(underflow)
+        b.ret(ir.Constant(self.ty, None))
+        b.position_at_end(compute)
 
     def exp(self, x):
         fmt, b = self.fmt, self.b
