@@ -118,7 +118,10 @@ def _schedule_expr(expr: L.Expr, strides, in_vector: bool) -> L.Expr:
         width = 0
         if not in_vector and expr.op in ("sum", "max", "maxnum") and \
                 expr.extent >= MIN_REDUCE_EXTENT \
-                and _reads_contiguously(expr.body, expr.var.name, strides):
+                and _reads_contiguously(expr.body, expr.var.name, strides) \
+                and not _strided_load(expr.body, expr.var.name, strides):
+            # Any strided load would make every step a gather (a nested reduction along
+            # the rows' contiguous axis is then the one to vectorise).
             width = vector_width(expr.dtype, expr.extent)
         body = _schedule_expr(expr.body, strides, in_vector or width > 0)
         return replace(expr, body=body, vector_width=width)
