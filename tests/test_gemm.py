@@ -147,3 +147,25 @@ def test_generated_gemm_shapes(m, n, k, transposed, threads):
     exact = a.astype(np.float64) @ b_math.astype(np.float64)
     bound = 4 * np.finfo(np.float32).eps * np.sqrt(k) * (np.abs(a) @ np.abs(b_math)) + 1e-30
     assert np.all(np.abs(module.f(a, b) - exact) <= bound)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F64"])
+@pytest.mark.parametrize("m,n,k", [(12, 17, 401), (33, 40, 300), (130, 9, 513), (64, 256, 1024)])
+def test_b_read_along_k_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
+    """B = transpose(w) * 2 + transpose(v) is contiguous along k: packed column vectors
+    along k, transposed in registers (partial depth chunks, columns past N, f32 and f64)."""
+    ty = lambda shape: _ty(shape, dtype)  # noqa: E731
+    source = (f"fn f(a: {ty((m, k))}, w: {ty((n, k))}, v: {ty((n, k))}) -> {ty((m, n))} {{\n"
+              f"  return matmul(a, add(mul(transpose(w, [1, 0]), 2.0), transpose(v, [1, 0])));\n"
+              f"}}")
+    _, module = _compile(source, 2, monkeypatch)
+    assert _uses_gemm(module.f), "expected the packed gemm path"
+    numpy_type = np.float32 if dtype == "F32" else np.float64
+    rng = np.random.default_rng(m + n + k)
+    a, w, v = (rng.standard_normal(shape).astype(numpy_type) for shape in
+               ((m, k), (n, k), (n, k)))
+    b = (2 * w.astype(np.float64) + v).T
+    exact = a.astype(np.float64) @ b
+    eps = np.finfo(numpy_type).eps
+    bound = 4 * eps * np.sqrt(k) * (np.abs(a) @ np.abs(b)) + 1e-300
+    assert np.all(np.abs(module.f(a, w, v) - exact) <= bound)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import loopir as L
+from .affine import to_affine
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
@@ -94,6 +95,28 @@ def _val(value):
 def _row_end(cg, hi_units, mr, m):
     rows = cg.b.mul(hi_units, ir.Constant(I64, mr))
     return _smin(cg.b, rows, ir.Constant(I64, m))
+
+
+def _transpose(b, rows: list) -> list:
+    """The transpose of a square block held as `len(rows)` vectors of as many lanes: at each
+    scale h (half, quarter, ... of the width) the off-diagonal h x h blocks of every 2h x 2h
+    block swap places; one two-source shuffle per output vector per scale."""
+    size = len(rows)
+    i32 = ir.IntType(32)
+    h = size // 2
+    while h:
+        low = [size + lane - h if lane & h else lane for lane in range(size)]
+        high = [size + lane if lane & h else lane + h for lane in range(size)]
+        swapped = list(rows)
+        for i in range(size):
+            if i & h:
+                continue
+            pair = (rows[i], rows[i + h])
+            swapped[i] = b.shuffle_vector(*pair, ir.Constant(ir.VectorType(i32, size), low))
+            swapped[i + h] = b.shuffle_vector(*pair, ir.Constant(ir.VectorType(i32, size), high))
+        rows = swapped
+        h //= 2
+    return rows
 
 
 def _smin(b, x, y):
@@ -203,8 +226,35 @@ class _GemmEmitter:
         cg.lane = saved
         return self.b.select(mask, value, ir.Constant(self.vector, None))
 
+    def b_is_read_along_k(self) -> bool:
+        """Whether B's elements are contiguous along k but not along j (a transposed
+        operand such as x @ w^T): packed then by loading along k and transposing in
+        registers, instead of one gather per packed row."""
+        def coefficients(var):
+            found = set()
+
+            def walk(expr):
+                if isinstance(expr, L.Load):
+                    strides = self.cg.buffers[expr.buffer].strides
+                    total = 0
+                    for component, stride in zip(expr.index, strides, strict=True):
+                        affine = to_affine(component)
+                        if any(var.name in L.free_vars(e) for e, _ in affine.opaque):
+                            found.add(None)
+                            return
+                        total += affine.coefficient(var.name) * stride
+                    found.add(total)
+                for child in L.children(expr):
+                    walk(child)
+            walk(self.g.b_elem)
+            return found
+        return not coefficients(self.g.j) <= {0, 1} and coefficients(self.g.k) <= {0, 1}
+
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
         """Bp[(jr / nr) * kc * nr + k * nr + r] = B[pc + k, jc + jr + r] (0 past N)."""
+        if self.b_is_read_along_k():
+            self.pack_b_transposed(packed, jc, nc, pc, kc)
+            return
         g, nr = self.g, self.tiles.nr
 
         def panel(jr, carried):
@@ -220,6 +270,40 @@ class _GemmEmitter:
                     self.b.store(value, self.gep(packed, offset), align=BYTES[g.dtype])
                 return carried
             self.cg._loop(self.const(0), kc, 1, [], depth)
+            return carried
+        self.cg._loop(self.const(0), nc, nr, [], panel)
+
+    def pack_b_transposed(self, packed, jc, nc, pc, kc) -> None:
+        """pack_b for a B read along k: `lanes` columns x `lanes` depths at a time, each
+        column loaded as one vector along k, then transposed in registers."""
+        g, nr, lanes, b = self.g, self.tiles.nr, self.lanes, self.b
+        whole = b.and_(kc, self.const(-lanes))  # depths in full chunks of `lanes`
+
+        def chunk(jr, k, partial: bool):
+            depth_mask = self.lane_mask(k, kc)
+            for part in range(self.vectors_per_row):
+                columns = []
+                for r in range(lanes):
+                    column = b.add(b.add(jc, jr), self.const(part * lanes + r))
+                    inside = b.icmp_signed("<", column, self.const(g.n))
+                    mask = b.and_(depth_mask, self.cg._splat(inside, lanes))
+                    columns.append(self._tile_value(g.b_elem, g.k, b.add(pc, k), mask,
+                                                    [(g.j, column)]))
+                for depth, row in enumerate(_transpose(b, columns)):
+                    offset = b.add(b.add(b.mul(jr, kc), b.mul(b.add(k, self.const(depth)),
+                                                              self.const(nr))),
+                                   self.const(part * lanes))
+                    if partial:
+                        with b.if_then(b.icmp_signed("<", b.add(k, self.const(depth)), kc)):
+                            b.store(row, self.gep(packed, offset), align=BYTES[g.dtype])
+                    else:
+                        b.store(row, self.gep(packed, offset), align=BYTES[g.dtype])
+
+        def panel(jr, carried):
+            self.cg._loop(self.const(0), whole, lanes, [],
+                          lambda k, carried: chunk(jr, k, False) or carried)
+            with b.if_then(b.icmp_signed("<", whole, kc)):
+                chunk(jr, whole, True)
             return carried
         self.cg._loop(self.const(0), nc, nr, [], panel)
 
