@@ -169,3 +169,24 @@ def test_b_read_along_k_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
     eps = np.finfo(numpy_type).eps
     bound = 4 * eps * np.sqrt(k) * (np.abs(a) @ np.abs(b)) + 1e-300
     assert np.all(np.abs(module.f(a, w, v) - exact) <= bound)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F64"])
+@pytest.mark.parametrize("m,n,k", [(17, 40, 401), (33, 64, 300), (130, 9, 513), (301, 96, 77)])
+def test_a_read_along_i_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
+    """A = transpose(x) + 1 is contiguous along i: packed by loading depth vectors along i
+    and transposing in registers (partial row chunks, depth tails, several row blocks)."""
+    ty = lambda shape: _ty(shape, dtype)  # noqa: E731
+    source = (f"fn f(x: {ty((k, m))}, b: {ty((k, n))}) -> {ty((m, n))} {{\n"
+              f"  return matmul(add(transpose(x, [1, 0]), 1.0), b);\n}}")
+    _, module = _compile(source, 2, monkeypatch)
+    assert _uses_gemm(module.f), "expected the packed gemm path"
+    numpy_type = np.float32 if dtype == "F32" else np.float64
+    rng = np.random.default_rng(m * n + k)
+    x = rng.standard_normal((k, m)).astype(numpy_type)
+    b = rng.standard_normal((k, n)).astype(numpy_type)
+    a = x.T.astype(np.float64) + 1.0
+    exact = a @ b
+    eps = np.finfo(numpy_type).eps
+    bound = 4 * eps * np.sqrt(k) * (np.abs(a) @ np.abs(b)) + 1e-300
+    assert np.all(np.abs(module.f(x, b) - exact) <= bound)

@@ -268,33 +268,36 @@ class _GemmEmitter:
         cg.lane = saved
         return self.b.select(mask, value, ir.Constant(self.vector, None))
 
-    def b_is_read_along_k(self) -> bool:
-        """Whether B's elements are contiguous along k but not along j (a transposed
-        operand such as x @ w^T): packed then by loading along k and transposing in
-        registers, instead of one gather per packed row."""
-        def coefficients(var):
-            found = set()
+    def _coefficients(self, expr: L.Expr, var: L.Var) -> set:
+        """How far each load in `expr` moves per step of `var` (None: not affine)."""
+        found = set()
 
-            def walk(expr):
-                if isinstance(expr, L.Load):
-                    strides = self.cg.buffers[expr.buffer].strides
-                    total = 0
-                    for component, stride in zip(expr.index, strides, strict=True):
-                        affine = to_affine(component)
-                        if any(var.name in L.free_vars(e) for e, _ in affine.opaque):
-                            found.add(None)
-                            return
-                        total += affine.coefficient(var.name) * stride
-                    found.add(total)
-                for child in L.children(expr):
-                    walk(child)
-            walk(self.g.b_elem)
-            return found
-        return not coefficients(self.g.j) <= {0, 1} and coefficients(self.g.k) <= {0, 1}
+        def walk(node):
+            if isinstance(node, L.Load):
+                strides = self.cg.buffers[node.buffer].strides
+                total = 0
+                for component, stride in zip(node.index, strides, strict=True):
+                    affine = to_affine(component)
+                    if any(var.name in L.free_vars(e) for e, _ in affine.opaque):
+                        found.add(None)
+                        return
+                    total += affine.coefficient(var.name) * stride
+                found.add(total)
+            for child in L.children(node):
+                walk(child)
+        walk(expr)
+        return found
+
+    def _read_across(self, expr: L.Expr, packed_along: L.Var, across: L.Var) -> bool:
+        """Whether `expr` is contiguous along `across` but not along `packed_along` (a
+        transposed operand): packed then by loading vectors along `across` and transposing
+        them in registers, instead of one gather per packed vector."""
+        return not self._coefficients(expr, packed_along) <= {0, 1} and \
+            self._coefficients(expr, across) <= {0, 1}
 
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
         """Bp[(jr / nr) * kc * nr + k * nr + r] = B[pc + k, jc + jr + r] (0 past N)."""
-        if self.b_is_read_along_k():
+        if self._read_across(self.g.b_elem, self.g.j, self.g.k):
             self.pack_b_transposed(packed, jc, nc, pc, kc)
             return
         g, nr = self.g, self.tiles.nr
@@ -351,6 +354,9 @@ class _GemmEmitter:
 
     def pack_a(self, packed, ic, mc, pc, kc) -> None:
         """Ap[r * stride + k] = A[ic + r, pc + k] for r < mc, k < kc (rows copied)."""
+        if self._read_across(self.g.a_elem, self.g.k, self.g.i):
+            self.pack_a_transposed(packed, ic, mc, pc, kc)
+            return
         g, stride = self.g, self.a_stride
 
         def row(r, carried):
@@ -364,6 +370,38 @@ class _GemmEmitter:
             self.cg._loop(self.const(0), kc, self.lanes, [], depth)
             return carried
         self.cg._loop(self.const(0), mc, 1, [], row)
+
+    def pack_a_transposed(self, packed, ic, mc, pc, kc) -> None:
+        """pack_a for an A read along i: `lanes` depths x `lanes` rows at a time, each depth
+        loaded as one vector along i, then transposed in registers. Depths past kc come out
+        as zeros (as pack_a writes them); rows past mc are not written."""
+        g, stride, lanes, b = self.g, self.a_stride, self.lanes, self.b
+        whole = b.and_(mc, self.const(-lanes))  # rows in full chunks of `lanes`
+
+        def chunk(r, partial: bool):
+            row_mask = self.lane_mask(r, mc)
+
+            def depth(k, carried):
+                vectors = []
+                for d in range(lanes):
+                    inside = b.icmp_signed("<", b.add(k, self.const(d)), kc)
+                    mask = b.and_(row_mask, self.cg._splat(inside, lanes))
+                    vectors.append(self._tile_value(g.a_elem, g.i, b.add(ic, r), mask,
+                                                    [(g.k, b.add(pc, b.add(k, self.const(d))))]))
+                for row, values in enumerate(_transpose(b, vectors)):
+                    offset = b.add(b.mul(b.add(r, self.const(row)), self.const(stride)), k)
+                    if partial:
+                        with b.if_then(b.icmp_signed("<", b.add(r, self.const(row)), mc)):
+                            b.store(values, self.gep(packed, offset), align=BYTES[g.dtype])
+                    else:
+                        b.store(values, self.gep(packed, offset), align=BYTES[g.dtype])
+                return carried
+            self.cg._loop(self.const(0), kc, lanes, [], depth)
+
+        self.cg._loop(self.const(0), whole, lanes, [],
+                      lambda r, carried: chunk(r, False) or carried)
+        with b.if_then(b.icmp_signed("<", whole, mc)):
+            chunk(whole, True)
 
     # ---- the micro-kernel ---------------------------------------------------------------------
 
