@@ -104,8 +104,24 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
 
 
 def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
-    mr = gemm.tiles.mr
+    mr, nr = gemm.tiles.mr, gemm.tiles.nr
     units = -(-gemm.m // mr)
+    column_units = -(-gemm.n // nr)
+    if gemm.threads > 1 and gemm.n > gemm.m and column_units >= gemm.threads:
+        # Wider than tall (x @ lm_head): split the columns, so each thread packs only its
+        # part of the big B panel (and all of the small A) instead of all of B.
+        def column_body(child, lo, hi):
+            b = child.b
+            _GemmEmitter(child, gemm).rows(
+                ir.Constant(I64, 0), ir.Constant(I64, gemm.m),
+                b.mul(lo, ir.Constant(I64, nr)),
+                _smin(b, b.mul(hi, ir.Constant(I64, nr)), ir.Constant(I64, gemm.n)))
+        cg._push()
+        for var, value in zip(gemm.batch, batch_values, strict=True):
+            cg.env[-1][var.name] = _val(value)
+        cg.parallel(column_units, gemm.threads, column_body)
+        cg._pop()
+        return
     if gemm.threads > 1 and units >= 2:
         def body(child, lo, hi):
             # The batch indices reach the thread through the captured environment.
@@ -219,8 +235,11 @@ class _GemmEmitter:
 
     # ---- structure ----------------------------------------------------------------------------
 
-    def rows(self, row_lo, row_hi) -> None:
+    def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
+        """C[row_lo:row_hi, col_lo:col_hi] (column bounds: multiples of nr, or n)."""
         t, g = self.tiles, self.g
+        col_hi = g.n if col_hi is None else col_hi
+        col_end = self.const(col_hi) if isinstance(col_hi, int) else col_hi
         if t.nc % t.nr or t.mc % t.mr:
             raise ValueError(f"gemm tiles {t}: nc must be a multiple of nr and mc of mr")
         a_size = t.mc * self.a_stride
@@ -231,7 +250,7 @@ class _GemmEmitter:
                                               // BYTES[g.dtype]))
 
         def column_block(jc, carried):
-            nc = _smin(self.b, self.const(t.nc), self.b.sub(self.const(g.n), jc))
+            nc = _smin(self.b, self.const(t.nc), self.b.sub(col_end, jc))
 
             def depth_block(pc, carried):
                 kc = _smin(self.b, self.const(t.kc), self.b.sub(self.const(g.k_extent), pc))
@@ -241,13 +260,14 @@ class _GemmEmitter:
                 def row_block(ic, carried):
                     mc = _smin(self.b, self.const(t.mc), self.b.sub(row_hi, ic))
                     self.pack_a(packed_a, ic, mc, pc, kc)
-                    self.micro_tiles(packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first)
+                    self.micro_tiles(packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
+                                     col_end)
                     return carried
                 self.cg._loop(row_lo, row_hi, t.mc, [], row_block)
                 return carried
             self.cg._loop(0, g.k_extent, t.kc, [], depth_block)
             return carried
-        self.cg._loop(0, g.n, t.nc, [], column_block)
+        self.cg._loop(col_lo, col_hi, t.nc, [], column_block)
         self.cg.cleanups.remove(block)
         self.cg.release_block(block, slot)
 
@@ -405,7 +425,8 @@ class _GemmEmitter:
 
     # ---- the micro-kernel ---------------------------------------------------------------------
 
-    def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first) -> None:
+    def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
+                    col_end) -> None:
         t, g, b = self.tiles, self.g, self.b
         kernel = micro_kernel_function(self.cg.module, g.dtype, t.mr, t.nr, self.a_stride)
         out = self.cg.pointers[g.out]
@@ -414,7 +435,7 @@ class _GemmEmitter:
 
         def panel(jr, carried):
             col0 = b.add(jc, jr)
-            columns = b.sub(self.const(g.n), col0)
+            columns = b.sub(col_end, col0)
 
             def block(ir_, carried):
                 row0 = b.add(ic, ir_)
