@@ -92,3 +92,29 @@ def test_special_values_follow_numpy(math_module, dtype):
         finite = ~np.isnan(want)
         np.testing.assert_allclose(got[finite], want[finite], rtol=3e-7 if dtype == np.float32
                                    else 5e-16, err_msg=op)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vectors_that_all_underflow_give_exact_zeros(math_module, dtype):
+    """A vector whose lanes are all below the underflow bound skips the polynomial and
+    returns +0: only when every lane is that low, NaN lanes excluded (masked softmax rows)."""
+    lanes = 16 if dtype == np.float32 else 8
+    bound = -104.5 if dtype == np.float32 else -746.0  # just below each type's bound
+    low = [-1e9, -np.inf, -3e38, -800.0, bound]
+    groups = [
+        np.resize(low, lanes),                                  # all low: skipped
+        np.r_[np.full(lanes - 1, -1e9), -50.0],                 # one lane normal
+        np.r_[np.full(lanes - 1, -1e9), np.nan],                # NaN is never "low"
+        np.r_[np.full(lanes - 1, -1e9), -103.0],                # just above the f32 bound
+    ]
+    values = np.concatenate(groups).astype(dtype)
+    x = np.ones(N + 3, dtype)
+    x[: values.size] = values  # the groups start on lane 0 of the loop's tiles
+    got = getattr(math_module, f"exp_{'f32' if dtype == np.float32 else 'f64'}")(x)
+    got = got[: values.size]
+    with np.errstate(under="ignore"):
+        want = np.exp(values.astype(np.float64)).astype(dtype)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.all(np.signbit(got[:lanes]) == 0) and np.all(got[:lanes] == 0)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=3e-7, atol=1e-323)
