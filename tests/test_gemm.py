@@ -190,3 +190,21 @@ def test_a_read_along_i_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
     eps = np.finfo(numpy_type).eps
     bound = 4 * eps * np.sqrt(k) * (np.abs(a) @ np.abs(b)) + 1e-300
     assert np.all(np.abs(module.f(x, b) - exact) <= bound)
+
+
+@pytest.mark.parametrize("rows,outputs,depth", [(5, 4, 37), (3, 2, 16), (7, 4, 100),
+                                                 (6, 3, 33), (2, 4, 9)])
+def test_short_rows_of_dot_products_sum_jointly(rows, outputs, depth, monkeypatch):
+    """x @ w^T with 2 or 4 outputs per row and a long depth stays in the fused Reduce form
+    (too small to pack); its per-row sums are finished together by shared shuffles (the
+    p @ v of a narrow attention head). 3 outputs take the one-at-a-time path."""
+    source = (f"fn f(x: {_ty((rows, depth))}, w: {_ty((outputs, depth))}) -> "
+              f"{_ty((rows, outputs))} {{ return matmul(x, transpose(w, [1, 0])); }}")
+    _, module = _compile(source, 1, monkeypatch)
+    assert not _uses_gemm(module.f)
+    rng = np.random.default_rng(rows * 100 + outputs * 10 + depth)
+    x = rng.standard_normal((rows, depth)).astype(np.float32)
+    w = rng.standard_normal((outputs, depth)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    bound = 4 * np.finfo(np.float32).eps * np.sqrt(depth) * (np.abs(x) @ np.abs(w.T))
+    assert np.all(np.abs(module.f(x, w) - exact) <= bound + 1e-30)

@@ -61,6 +61,54 @@ class _Lane:
     mask: ir.Value | None
 
 
+def _joint_horizontal_sum(builder: ir.IRBuilder, vectors: list[ir.Value]) -> list[ir.Value]:
+    """[sum of the lanes of v] for each of 2 or 4 vectors (same type, power-of-two width).
+
+    A vector holds `len(group)` equal segments, segment s accumulating vectors[group[s]].
+    Two vectors with the same segments merge into one whose segments are half as long
+    (first halves + second halves of each, one add); a lone vector folds its segments'
+    halves onto each other. Merging first shares the shuffles among the vectors."""
+    i32 = ir.IntType(32)
+
+    def mask(lanes):
+        return ir.Constant(ir.VectorType(i32, len(lanes)), lanes)
+
+    states = [(vector, [number]) for number, vector in enumerate(vectors)]
+    while len(states) > 1 or len(states[0][1]) < states[0][0].type.count:
+        if len(states) > 1 and len(states[0][1]) == len(states[1][1]) and \
+                states[0][0].type.count == states[1][0].type.count:
+            (a, group_a), (b, group_b) = states[0], states[1]
+            lanes = a.type.count
+            segment = lanes // len(group_a)
+            half = segment // 2
+            firsts, seconds = [], []
+            for source in (0, lanes):  # lanes of a, then of b
+                for start in range(0, lanes, segment):
+                    firsts += [source + start + i for i in range(half)]
+                    seconds += [source + start + half + i for i in range(half)]
+            low = builder.shuffle_vector(a, b, mask(firsts))
+            high = builder.shuffle_vector(a, b, mask(seconds))
+            merged = builder.fadd(low, high, flags=FLOAT_FLAGS)
+            # Segment order: a's segments, then b's.
+            states = states[2:] + [(merged, group_a + group_b)]
+            continue
+        vector, group = states[0]
+        lanes = vector.type.count
+        segment = lanes // len(group)
+        half = segment // 2
+        firsts = [start + i for start in range(0, lanes, segment) for i in range(half)]
+        seconds = [start + half + i for start in range(0, lanes, segment) for i in range(half)]
+        undefined = ir.Constant(vector.type, None)
+        low = builder.shuffle_vector(vector, undefined, mask(firsts))
+        high = builder.shuffle_vector(vector, undefined, mask(seconds))
+        states = states[1:] + [(builder.fadd(low, high, flags=FLOAT_FLAGS), group)]
+    vector, group = states[0]
+    sums: list[ir.Value] = [None] * len(vectors)  # type: ignore[list-item]
+    for lane, number in enumerate(group):
+        sums[number] = builder.extract_element(vector, ir.Constant(i32, lane))
+    return sums
+
+
 def _tail_width(width: int, active: int) -> int:
     """Lanes for a loop's last `active` (< width) elements: the narrowest of 4 and 8 lanes
     that holds them. A masked 16-lane tile costs a full 512-bit op per instruction (two
@@ -329,10 +377,39 @@ class KernelCodegen:
         body = self._loop_body(loop)
         innermost = not any(isinstance(s, L.For) for s in loop.body)
         if innermost and loop.extent <= UNROLL_TRIPS:
+            if self._joint_sums(loop):
+                return
             for index in range(loop.extent):
                 body(ir.Constant(I64, index), [])
             return
         self._loop(0, loop.extent, 1, [], body)
+
+    def _joint_sums(self, loop: L.For) -> bool:
+        """An unrolled loop that stores one vectorised float sum per trip (a short row of
+        dot products, as in p @ v with a narrow v) finishes its sums together: the
+        accumulators are halved pairwise in shared shuffles, about half the instructions
+        and latency of one horizontal reduction each. False when the loop is not that."""
+        if self.lane is not None or loop.extent not in (2, 4) or len(loop.body) != 1:
+            return False
+        (store,) = loop.body
+        reduce = store.value if isinstance(store, L.Store) else None
+        if not isinstance(reduce, L.Reduce) or reduce.op != "sum" or \
+                not reduce.vector_width or reduce.dtype not in L.FLOAT_TYPES:
+            return False
+        accumulators = []
+        for index in range(loop.extent):
+            self._push()
+            self.env[-1][loop.var.name] = Val(ir.Constant(I64, index), False)
+            accumulators.append(self._vector_accumulate(reduce)[0])
+            self._pop()
+        sums = _joint_horizontal_sum(self.b, accumulators)
+        for index, total in enumerate(sums):
+            self._push()
+            self.env[-1][loop.var.name] = Val(ir.Constant(I64, index), False)
+            self.cache[-1][reduce] = Val(total, False)
+            self.stmt(store)
+            self._pop()
+        return True
 
     def _serial_range(self, loop: L.For, lo, hi) -> None:
         self._loop(lo, hi, 1, [], self._loop_body(loop))
@@ -787,6 +864,11 @@ class KernelCodegen:
         return [new_best, new_index]
 
     def _vector_reduce(self, reduce: L.Reduce) -> Val:
+        return self._finish_vector_reduce(reduce, self._vector_accumulate(reduce))
+
+    def _vector_accumulate(self, reduce: L.Reduce) -> list[ir.Value]:
+        """The lane-wise accumulators of a vectorised reduction (before the horizontal
+        combine): [sum] or [max, NaN flags]."""
         width = reduce.vector_width
         dtype = reduce.dtype
         vtype = ir.VectorType(SCALAR_LLVM[dtype], width)
@@ -826,6 +908,12 @@ class KernelCodegen:
             carried = tile(ir.Constant(I64, main),
                            self._tail_mask(narrow, active) if active < narrow else None,
                            carried, narrow)
+        return carried
+
+    def _finish_vector_reduce(self, reduce: L.Reduce, carried: list[ir.Value]) -> Val:
+        width, dtype = reduce.vector_width, reduce.dtype
+        vtype = ir.VectorType(SCALAR_LLVM[dtype], width)
+        float_max = reduce.op == "max" and dtype in L.FLOAT_TYPES
         accumulator = carried[0]
         if reduce.op == "sum":
             name = "llvm.vector.reduce.fadd" if dtype in L.FLOAT_TYPES else \
