@@ -58,3 +58,26 @@ def test_strided_stores_keep_the_inner_loop_vectorised():
     x = np.random.default_rng(1).standard_normal((6, 40)).astype(np.float32)
     np.testing.assert_allclose(module.f(x), _softmax(x.astype(np.float64), 1), rtol=2e-6,
                                atol=1e-7)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("source,shape,reference", [
+    ("exp(x) * 2.0", (300_007,), lambda x: np.exp(x.astype(np.float64)) * 2.0),
+    ("softmax(x, axis=0)", (64, 4099), lambda x: _softmax(x.astype(np.float64), 0)),
+])
+def test_large_vector_loops_split_their_tiles_across_threads(source, shape, reference,
+                                                             threads, monkeypatch):
+    """A top-level vector loop with enough work runs whole tiles on each thread, the tail
+    tile on the last (sizes not multiples of 16); the schedule prints and parses back."""
+    from tilegen.loopir import format_kernel
+    from tilegen.loopir_parse import parse_kernel
+
+    monkeypatch.setenv("TILEGEN_NUM_THREADS", str(threads))
+    text = f"fn f(x: {_ty(shape)}) -> {_ty(shape)} {{ return {source}; }}"
+    module = compile_program(program_from_text(text, "threads.kina"))
+    kernel = module.plans["f"].kernel
+    top = kernel.body[0]
+    assert top.kind == "vector" and top.threads == (threads if threads > 1 else 1)
+    assert parse_kernel(format_kernel(kernel)) == kernel
+    x = np.random.default_rng(threads).standard_normal(shape).astype(np.float32)
+    np.testing.assert_allclose(module.f(x), reference(x), rtol=2e-6, atol=1e-7)

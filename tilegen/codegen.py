@@ -333,7 +333,10 @@ class KernelCodegen:
 
     def stmt(self, stmt: L.Stmt) -> None:
         if isinstance(stmt, L.For):
-            if stmt.kind == "vector" and self.lane is None:
+            if stmt.kind == "vector" and self.lane is None and stmt.threads > 1:
+                self.parallel(-(-stmt.extent // stmt.width), stmt.threads,
+                              lambda child, lo, hi: child._vector_range(stmt, lo, hi))
+            elif stmt.kind == "vector" and self.lane is None:
                 self._vector_for(stmt)
             elif stmt.kind == "parallel" and stmt.width > 1:
                 self.parallel(stmt.extent, stmt.width, lambda child, lo, hi:
@@ -470,6 +473,27 @@ class KernelCodegen:
             narrow = _tail_width(width, active)
             mask = self._tail_mask(narrow, active) if active < narrow else None
             self._in_tile(loop.var.name, narrow, ir.Constant(I64, main), mask, loop.body)
+
+    def _vector_range(self, loop: L.For, first_tile, end_tile) -> None:
+        """The tiles [first_tile, end_tile) of a vector loop (one thread's share): whole
+        tiles in a loop, and the loop's tail tile if the share ends with it."""
+        width = loop.width
+        whole = loop.extent // width
+        stop = self.b.select(self.b.icmp_signed("<", end_tile, ir.Constant(I64, whole)),
+                             end_tile, ir.Constant(I64, whole))
+        tiles = ir.Constant(I64, width)
+
+        def body(index, carried):
+            self._in_tile(loop.var.name, width, index, None, loop.body)
+            return carried
+        self._loop(self.b.mul(first_tile, tiles), self.b.mul(stop, tiles), width, [], body)
+        if loop.extent - whole * width:
+            active = loop.extent - whole * width
+            narrow = _tail_width(width, active)
+            mask = self._tail_mask(narrow, active) if active < narrow else None
+            with self.b.if_then(self.b.icmp_signed(">", end_tile, ir.Constant(I64, whole))):
+                self._in_tile(loop.var.name, narrow, ir.Constant(I64, whole * width), mask,
+                              loop.body)
 
     def _in_tile(self, var, width, base, mask, body) -> None:
         saved = self.lane

@@ -110,7 +110,7 @@ def _compile_natively(program) -> None:
         kernel = plan.kernel
         loops = list(_loops(kernel.body))
         vector = sum(1 for loop in loops if loop.kind == "vector")
-        parallel = sum(1 for loop in loops if loop.kind == "parallel")
+        parallel = sum(1 for loop in loops if loop.kind == "parallel" or loop.threads > 1)
         gemms = sum(1 for s in kernel.body if isinstance(s, Gemm))
         print(f"  {kernel.name}: {len(kernel.body)} loop nest(s), {vector} vector loop(s), "
               f"{parallel} parallel, {gemms} packed matmul(s), "

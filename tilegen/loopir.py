@@ -158,7 +158,8 @@ class For(Stmt):
     extent: int
     body: tuple[Stmt, ...]
     kind: str = "serial"  # serial | vector | parallel
-    width: int = 1
+    width: int = 1  # lanes of a vector loop, threads of a parallel one
+    threads: int = 1  # a vector loop's tiles split across this many threads
 
 
 @dataclass(frozen=True)
@@ -410,6 +411,8 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
         tag = "" if stmt.kind == "serial" else (
             f" vector<{stmt.width}>" if stmt.kind == "vector" else
             f" parallel<{stmt.width}>")
+        if stmt.threads > 1:
+            tag += f" parallel<{stmt.threads}>"
         lines = [f"{pad}for {stmt.var} in 0..{stmt.extent}{tag} {{"]
         for inner in stmt.body:
             lines.extend(_format_stmt(inner, depth + 1))

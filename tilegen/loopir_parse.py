@@ -166,16 +166,21 @@ class _Parser:
             raise LoopIRParseError("loops start at 0")
         self.take("..")
         extent = self.integer()
-        kind, width = "serial", 1
+        kind, width, threads = "serial", 1, 1
         if self.peek() in ("vector", "parallel"):
             kind = self.take()
             self.take("<")
             width = self.integer()
             self.take(">")
+        if kind == "vector" and self.peek() == "parallel":  # tiles split across threads
+            self.take("parallel")
+            self.take("<")
+            threads = self.integer()
+            self.take(">")
         self.scopes.append({name: L.I64})
         body = self.block()
         self.scopes.pop()
-        return L.For(L.Var(name), extent, body, kind, width)
+        return L.For(L.Var(name), extent, body, kind, width, threads)
 
     def gemm(self) -> L.Gemm:
         self.take("gemm")

@@ -44,6 +44,9 @@ def parallelize_pass(kernel: L.Kernel, threads: int) -> L.Kernel:
         if isinstance(stmt, L.For) and stmt.kind == "serial" and stmt.extent >= 2 \
                 and L.work([stmt]) >= PARALLEL_WORK:
             stmt = replace(stmt, kind="parallel", width=threads)
+        elif isinstance(stmt, L.For) and stmt.kind == "vector" and \
+                stmt.extent >= 2 * stmt.width and L.work([stmt]) >= PARALLEL_WORK:
+            stmt = replace(stmt, threads=threads)  # whole tiles per thread
         body.append(stmt)
     return replace(kernel, body=tuple(body))
 
