@@ -469,10 +469,15 @@ class KernelCodegen:
                 return carried
             self._loop(0, main, width, [], body)
         if loop.extent - main:
-            active = loop.extent - main
-            narrow = _tail_width(width, active)
-            mask = self._tail_mask(narrow, active) if active < narrow else None
-            self._in_tile(loop.var.name, narrow, ir.Constant(I64, main), mask, loop.body)
+            self._tail_tile(loop)
+
+    def _tail_tile(self, loop: L.For) -> None:
+        """A vector loop's last extent % width elements, as one narrow (4/8-lane) tile."""
+        main = loop.extent // loop.width * loop.width
+        active = loop.extent - main
+        narrow = _tail_width(loop.width, active)
+        mask = self._tail_mask(narrow, active) if active < narrow else None
+        self._in_tile(loop.var.name, narrow, ir.Constant(I64, main), mask, loop.body)
 
     def _vector_range(self, loop: L.For, first_tile, end_tile) -> None:
         """The tiles [first_tile, end_tile) of a vector loop (one thread's share): whole
@@ -488,12 +493,8 @@ class KernelCodegen:
             return carried
         self._loop(self.b.mul(first_tile, tiles), self.b.mul(stop, tiles), width, [], body)
         if loop.extent - whole * width:
-            active = loop.extent - whole * width
-            narrow = _tail_width(width, active)
-            mask = self._tail_mask(narrow, active) if active < narrow else None
             with self.b.if_then(self.b.icmp_signed(">", end_tile, ir.Constant(I64, whole))):
-                self._in_tile(loop.var.name, narrow, ir.Constant(I64, whole * width), mask,
-                              loop.body)
+                self._tail_tile(loop)
 
     def _in_tile(self, var, width, base, mask, body) -> None:
         saved = self.lane

@@ -24,7 +24,7 @@ import math
 from llvmlite import ir
 
 from . import loopir as L
-from .affine import to_affine
+from .schedule import strided_load
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
@@ -105,38 +105,31 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
 
 def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
     mr, nr = gemm.tiles.mr, gemm.tiles.nr
-    units = -(-gemm.m // mr)
+    row_units = -(-gemm.m // mr)
     column_units = -(-gemm.n // nr)
-    if gemm.threads > 1 and gemm.n > gemm.m and column_units >= gemm.threads:
-        # Wider than tall (x @ lm_head): split the columns, so each thread packs only its
-        # part of the big B panel (and all of the small A) instead of all of B.
-        def column_body(child, lo, hi):
-            b = child.b
-            _GemmEmitter(child, gemm).rows(
-                ir.Constant(I64, 0), ir.Constant(I64, gemm.m),
-                b.mul(lo, ir.Constant(I64, nr)),
-                _smin(b, b.mul(hi, ir.Constant(I64, nr)), ir.Constant(I64, gemm.n)))
-        cg._push()
-        for var, value in zip(gemm.batch, batch_values, strict=True):
-            cg.env[-1][var.name] = _val(value)
-        cg.parallel(column_units, gemm.threads, column_body)
-        cg._pop()
-        return
-    if gemm.threads > 1 and units >= 2:
-        def body(child, lo, hi):
-            # The batch indices reach the thread through the captured environment.
-            _GemmEmitter(child, gemm).rows(child.b.mul(lo, ir.Constant(I64, mr)),
-                                           _row_end(child, hi, mr, gemm.m))
-        cg._push()
-        for var, value in zip(gemm.batch, batch_values, strict=True):
-            cg.env[-1][var.name] = _val(value)
-        cg.parallel(units, gemm.threads, body)
-        cg._pop()
-        return
+
+    def column_body(child, lo, hi):
+        b = child.b
+        _GemmEmitter(child, gemm).rows(
+            ir.Constant(I64, 0), ir.Constant(I64, gemm.m), b.mul(lo, ir.Constant(I64, nr)),
+            _smin(b, b.mul(hi, ir.Constant(I64, nr)), ir.Constant(I64, gemm.n)))
+
+    def row_body(child, lo, hi):
+        _GemmEmitter(child, gemm).rows(child.b.mul(lo, ir.Constant(I64, mr)),
+                                       _row_end(child, hi, mr, gemm.m))
+
+    # The batch indices reach the threads through the captured environment.
     cg._push()
     for var, value in zip(gemm.batch, batch_values, strict=True):
         cg.env[-1][var.name] = _val(value)
-    _GemmEmitter(cg, gemm).rows(ir.Constant(I64, 0), ir.Constant(I64, gemm.m))
+    if gemm.threads > 1 and gemm.n > gemm.m and column_units >= gemm.threads:
+        # Wider than tall (x @ lm_head): split the columns, so each thread packs only its
+        # part of the big B panel (and all of the small A) instead of all of B.
+        cg.parallel(column_units, gemm.threads, column_body)
+    elif gemm.threads > 1 and row_units >= 2:
+        cg.parallel(row_units, gemm.threads, row_body)
+    else:
+        _GemmEmitter(cg, gemm).rows(ir.Constant(I64, 0), ir.Constant(I64, gemm.m))
     cg._pop()
 
 
@@ -288,32 +281,13 @@ class _GemmEmitter:
         cg.lane = saved
         return self.b.select(mask, value, ir.Constant(self.vector, None))
 
-    def _coefficients(self, expr: L.Expr, var: L.Var) -> set:
-        """How far each load in `expr` moves per step of `var` (None: not affine)."""
-        found = set()
-
-        def walk(node):
-            if isinstance(node, L.Load):
-                strides = self.cg.buffers[node.buffer].strides
-                total = 0
-                for component, stride in zip(node.index, strides, strict=True):
-                    affine = to_affine(component)
-                    if any(var.name in L.free_vars(e) for e, _ in affine.opaque):
-                        found.add(None)
-                        return
-                    total += affine.coefficient(var.name) * stride
-                found.add(total)
-            for child in L.children(node):
-                walk(child)
-        walk(expr)
-        return found
-
     def _read_across(self, expr: L.Expr, packed_along: L.Var, across: L.Var) -> bool:
         """Whether `expr` is contiguous along `across` but not along `packed_along` (a
         transposed operand): packed then by loading vectors along `across` and transposing
         them in registers, instead of one gather per packed vector."""
-        return not self._coefficients(expr, packed_along) <= {0, 1} and \
-            self._coefficients(expr, across) <= {0, 1}
+        strides = {name: buffer.strides for name, buffer in self.cg.buffers.items()}
+        return strided_load(expr, packed_along.name, strides) and \
+            not strided_load(expr, across.name, strides)
 
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
         """Bp[(jr / nr) * kc * nr + k * nr + r] = B[pc + k, jc + jr + r] (0 past N)."""
@@ -338,6 +312,29 @@ class _GemmEmitter:
             return carried
         self.cg._loop(self.const(0), nc, nr, [], panel)
 
+    def _transposed_block(self, expr, lane_var, lane_base, lane_mask, fixed_var, fixed_at):
+        """`lanes` x `lanes` elements of `expr`: vector v loaded along `lane_var` (from
+        `lane_base`, under `lane_mask`) at `fixed_var` = fixed_at(v), a (value, inside)
+        pair (outside: zeros); then transposed, so row t holds lane t of every vector."""
+        b, vectors = self.b, []
+        for v in range(self.lanes):
+            value, inside = fixed_at(v)
+            mask = b.and_(lane_mask, self.cg._splat(inside, self.lanes))
+            vectors.append(self._tile_value(expr, lane_var, lane_base, mask,
+                                            [(fixed_var, value)]))
+        return _transpose(b, vectors)
+
+    def _store_rows(self, packed, rows, offset_of, first, limit, partial: bool) -> None:
+        """Store row t at offset_of(t); in a partial chunk only the rows first + t < limit."""
+        b = self.b
+        for t, row in enumerate(rows):
+            pointer = self.gep(packed, offset_of(t))
+            if partial:
+                with b.if_then(b.icmp_signed("<", b.add(first, self.const(t)), limit)):
+                    b.store(row, pointer, align=BYTES[self.g.dtype])
+            else:
+                b.store(row, pointer, align=BYTES[self.g.dtype])
+
     def pack_b_transposed(self, packed, jc, nc, pc, kc) -> None:
         """pack_b for a B read along k: `lanes` columns x `lanes` depths at a time, each
         column loaded as one vector along k, then transposed in registers."""
@@ -347,22 +344,14 @@ class _GemmEmitter:
         def chunk(jr, k, partial: bool):
             depth_mask = self.lane_mask(k, kc)
             for part in range(self.vectors_per_row):
-                columns = []
-                for r in range(lanes):
-                    column = b.add(b.add(jc, jr), self.const(part * lanes + r))
-                    inside = b.icmp_signed("<", column, self.const(g.n))
-                    mask = b.and_(depth_mask, self.cg._splat(inside, lanes))
-                    columns.append(self._tile_value(g.b_elem, g.k, b.add(pc, k), mask,
-                                                    [(g.j, column)]))
-                for depth, row in enumerate(_transpose(b, columns)):
-                    offset = b.add(b.add(b.mul(jr, kc), b.mul(b.add(k, self.const(depth)),
-                                                              self.const(nr))),
-                                   self.const(part * lanes))
-                    if partial:
-                        with b.if_then(b.icmp_signed("<", b.add(k, self.const(depth)), kc)):
-                            b.store(row, self.gep(packed, offset), align=BYTES[g.dtype])
-                    else:
-                        b.store(row, self.gep(packed, offset), align=BYTES[g.dtype])
+                def column(r, part=part):
+                    index = b.add(b.add(jc, jr), self.const(part * lanes + r))
+                    return index, b.icmp_signed("<", index, self.const(g.n))
+                rows = self._transposed_block(g.b_elem, g.k, b.add(pc, k), depth_mask, g.j,
+                                              column)
+                self._store_rows(packed, rows, lambda depth, part=part: b.add(
+                    b.add(b.mul(jr, kc), b.mul(b.add(k, self.const(depth)), self.const(nr))),
+                    self.const(part * lanes)), k, kc, partial)
 
         def panel(jr, carried):
             self.cg._loop(self.const(0), whole, lanes, [],
@@ -402,19 +391,13 @@ class _GemmEmitter:
             row_mask = self.lane_mask(r, mc)
 
             def depth(k, carried):
-                vectors = []
-                for d in range(lanes):
-                    inside = b.icmp_signed("<", b.add(k, self.const(d)), kc)
-                    mask = b.and_(row_mask, self.cg._splat(inside, lanes))
-                    vectors.append(self._tile_value(g.a_elem, g.i, b.add(ic, r), mask,
-                                                    [(g.k, b.add(pc, b.add(k, self.const(d))))]))
-                for row, values in enumerate(_transpose(b, vectors)):
-                    offset = b.add(b.mul(b.add(r, self.const(row)), self.const(stride)), k)
-                    if partial:
-                        with b.if_then(b.icmp_signed("<", b.add(r, self.const(row)), mc)):
-                            b.store(values, self.gep(packed, offset), align=BYTES[g.dtype])
-                    else:
-                        b.store(values, self.gep(packed, offset), align=BYTES[g.dtype])
+                def at_depth(d):
+                    return (b.add(pc, b.add(k, self.const(d))),
+                            b.icmp_signed("<", b.add(k, self.const(d)), kc))
+                rows = self._transposed_block(g.a_elem, g.i, b.add(ic, r), row_mask, g.k,
+                                              at_depth)
+                self._store_rows(packed, rows, lambda row: b.add(
+                    b.mul(b.add(r, self.const(row)), self.const(stride)), k), r, mc, partial)
                 return carried
             self.cg._loop(self.const(0), kc, lanes, [], depth)
 

@@ -110,7 +110,7 @@ def _loop_width(loop: L.For, strides) -> int:
         if isinstance(stmt, L.For):
             continue
         value = stmt.value
-        if _has_reduce(value) and _strided_load(value, loop.var.name, strides):
+        if _has_reduce(value) and strided_load(value, loop.var.name, strides):
             return 0
     return vector_width(dtypes.pop(), loop.extent)
 
@@ -128,7 +128,7 @@ def _outer_vectorizable(loop: L.For, strides) -> bool:
         if isinstance(stmt, L.Store) and \
                 _flat_coefficient(stmt.index, strides[stmt.buffer], loop.var.name) != 1:
             return False
-        if _strided_load(stmt.value, loop.var.name, strides):
+        if strided_load(stmt.value, loop.var.name, strides):
             return False
     return True
 
@@ -137,13 +137,14 @@ def _has_reduce(expr: L.Expr) -> bool:
     return L.contains(expr, (L.Reduce,))
 
 
-def _strided_load(expr: L.Expr, var: str, strides) -> bool:
-    """Some load's flattened offset moves by other than 0 or 1 per step of `var`."""
+def strided_load(expr: L.Expr, var: str, strides) -> bool:
+    """Some load's flattened offset moves by other than 0 or 1 per step of `var` (or not
+    affinely: a gather). `strides`: buffer name -> strides."""
     if isinstance(expr, L.Load):
         coefficient = _flat_coefficient(expr.index, strides[expr.buffer], var)
         if coefficient not in (0, 1):
             return True
-    return any(_strided_load(c, var, strides) for c in L.children(expr))
+    return any(strided_load(c, var, strides) for c in L.children(expr))
 
 
 def _schedule_expr(expr: L.Expr, strides, in_vector: bool) -> L.Expr:
@@ -152,7 +153,7 @@ def _schedule_expr(expr: L.Expr, strides, in_vector: bool) -> L.Expr:
         if not in_vector and expr.op in ("sum", "max", "maxnum") and \
                 expr.extent >= MIN_REDUCE_EXTENT \
                 and _reads_contiguously(expr.body, expr.var.name, strides) \
-                and not _strided_load(expr.body, expr.var.name, strides):
+                and not strided_load(expr.body, expr.var.name, strides):
             # Any strided load would make every step a gather (a nested reduction along
             # the rows' contiguous axis is then the one to vectorise).
             width = vector_width(expr.dtype, expr.extent)
