@@ -20,6 +20,7 @@ from . import loopir as L
 from .codegen import KernelCodegen
 from .config import Config
 from .fastcall import build_entry
+from .fission import fission_pass
 from .lower import lower_function
 from .schedule import parallelize_pass, vectorize_pass
 from .target import LLVM_LOCK, optimize, target_machine, triple
@@ -30,6 +31,7 @@ ENTRY_PREFIX = "kina_entry_"
 
 # Loop-IR passes, in order; each maps (kernel, options) to a kernel.
 SCHEDULE_PASSES = (
+    ("fission", lambda kernel, options: fission_pass(kernel)),
     ("vectorize", lambda kernel, options: vectorize_pass(kernel)),
     ("parallelize", lambda kernel, options: parallelize_pass(kernel, options.num_threads)),
 )
