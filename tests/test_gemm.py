@@ -26,8 +26,8 @@ def _compile(source, threads, monkeypatch, jit=True):
     return program, module
 
 
-def _uses_gemm(function) -> bool:
-    return any(isinstance(s, Gemm) for s in function.plan.kernel.body)
+def _uses_gemm(plan) -> bool:
+    return any(isinstance(s, Gemm) for s in plan.kernel.body)
 
 
 SHAPES = [(64, 64, 64), (37, 300, 45), (13, 17, 29), (100, 513, 33), (12, 8, 64),
@@ -50,7 +50,7 @@ def test_gemm_matches_float64(m, k, n, threads, monkeypatch):
     bound = 4 * np.finfo(np.float32).eps * np.sqrt(k) * (np.abs(a) @ np.abs(b))
     assert np.all(np.abs(got - exact) <= bound + 1e-30)
     if m * n * k >= 1 << 16 and n >= 8 and k >= 8:
-        assert _uses_gemm(module.f)
+        assert _uses_gemm(module.plans["f"])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -66,7 +66,7 @@ fn f(q: {_ty((2, 3, 70, 40))}, k: {_ty((2, 3, 90, 40))}, w: {_ty((40, 50))},
     rng = np.random.default_rng(5)
     inputs = [rng.standard_normal(s).astype(np.float32)
               for s in ((2, 3, 70, 40), (2, 3, 90, 40), (40, 50), (2, 3, 70, 40))]
-    assert _uses_gemm(module.f)
+    assert _uses_gemm(module.plans["f"])
     for got, want in zip(module.f(*inputs), interpret(program, "f", *inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
@@ -78,7 +78,7 @@ def test_gemm_f64_and_shared_library(monkeypatch):
     a, b = rng.standard_normal((150, 70)), rng.standard_normal((70, 45))
     for jit in (True, False):
         _, module = _compile(source, 2, monkeypatch, jit=jit)
-        assert _uses_gemm(module.f)
+        assert _uses_gemm(module.plans["f"])
         np.testing.assert_allclose(module.f(a, b), a @ b, rtol=1e-12, atol=1e-12)
 
 
@@ -159,7 +159,7 @@ def test_b_read_along_k_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
               f"  return matmul(a, add(mul(transpose(w, [1, 0]), 2.0), transpose(v, [1, 0])));\n"
               f"}}")
     _, module = _compile(source, 2, monkeypatch)
-    assert _uses_gemm(module.f), "expected the packed gemm path"
+    assert _uses_gemm(module.plans["f"]), "expected the packed gemm path"
     numpy_type = np.float32 if dtype == "F32" else np.float64
     rng = np.random.default_rng(m + n + k)
     a, w, v = (rng.standard_normal(shape).astype(numpy_type) for shape in
@@ -180,7 +180,7 @@ def test_a_read_along_i_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
     source = (f"fn f(x: {ty((k, m))}, b: {ty((k, n))}) -> {ty((m, n))} {{\n"
               f"  return matmul(add(transpose(x, [1, 0]), 1.0), b);\n}}")
     _, module = _compile(source, 2, monkeypatch)
-    assert _uses_gemm(module.f), "expected the packed gemm path"
+    assert _uses_gemm(module.plans["f"]), "expected the packed gemm path"
     numpy_type = np.float32 if dtype == "F32" else np.float64
     rng = np.random.default_rng(m * n + k)
     x = rng.standard_normal((k, m)).astype(numpy_type)
@@ -197,14 +197,40 @@ def test_a_read_along_i_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
 def test_short_rows_of_dot_products_sum_jointly(rows, outputs, depth, monkeypatch):
     """x @ w^T with 2 or 4 outputs per row and a long depth stays in the fused Reduce form
     (too small to pack); its per-row sums are finished together by shared shuffles (the
-    p @ v of a narrow attention head). 3 outputs take the one-at-a-time path."""
+    p @ v of a narrow attention head); 3 outputs finish two together and one alone."""
     source = (f"fn f(x: {_ty((rows, depth))}, w: {_ty((outputs, depth))}) -> "
               f"{_ty((rows, outputs))} {{ return matmul(x, transpose(w, [1, 0])); }}")
     _, module = _compile(source, 1, monkeypatch)
-    assert not _uses_gemm(module.f)
+    assert not _uses_gemm(module.plans["f"])
     rng = np.random.default_rng(rows * 100 + outputs * 10 + depth)
     x = rng.standard_normal((rows, depth)).astype(np.float32)
     w = rng.standard_normal((outputs, depth)).astype(np.float32)
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
     bound = 4 * np.finfo(np.float32).eps * np.sqrt(depth) * (np.abs(x) @ np.abs(w.T))
     assert np.all(np.abs(module.f(x, w) - exact) <= bound + 1e-30)
+
+
+@pytest.mark.parametrize("rows", [2, 3, 5, 6, 7, 9, 37])
+@pytest.mark.parametrize("depth", [9, 36, 100])
+def test_row_sums_and_maxima_finish_four_rows_at_a_time(rows, depth, monkeypatch):
+    """Row sums and softmax's row maxima and sums: groups of four rows share one shuffle
+    tree, then a pair and a single row take the rest (every remainder is hit)."""
+    source = (f"fn sums(x: {_ty((rows, depth))}) -> {_ty((rows,))} {{ return sum(x, axis=1); }}\n"
+              f"fn soft(x: {_ty((rows, depth))}) -> {_ty((rows, depth))} "
+              f"{{ return softmax(x, axis=1); }}")
+    _, module = _compile(source, 1, monkeypatch)
+    rng = np.random.default_rng(rows * 1000 + depth)
+    x = (rng.standard_normal((rows, depth)) * 3).astype(np.float32)
+    x[rows // 2, depth - 1] = 40.0  # a row maximum in the tail tile
+    # Rows whose exp would overflow were they shifted by anything but their maximum
+    # (softmax is shift-invariant otherwise, so a wrong maximum would go unnoticed).
+    x[::2] += np.linspace(-60, 60, depth, dtype=np.float32)
+    wide = x.astype(np.float64)
+    bound = 4 * np.finfo(np.float32).eps * np.sqrt(depth) * np.abs(wide).sum(axis=1)
+    assert np.all(np.abs(module.sums(x) - wide.sum(axis=1)) <= bound)
+    e = np.exp(wide - wide.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(module.soft(x), e / e.sum(axis=1, keepdims=True),
+                               rtol=2e-6, atol=1e-7)
+    x[rows - 1, 0] = np.nan  # the last row: in the remainder, or the last of a group
+    result = module.soft(x)
+    assert np.isnan(result[rows - 1]).all() and not np.isnan(result[:rows - 1]).any()

@@ -88,7 +88,7 @@ def test_wrong_arity_dtype_shape(module):
     with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
         module.embed(table, ids, ids)
     with pytest.raises(ArgumentError, match="takes 2 argument"):
-        module.embed.slow_path(table)
+        module.embed.__self__.slow_path(table)
     with pytest.raises(ArgumentError, match="'table' must have dtype float32, got float64"):
         module.embed(table.astype(np.float64), ids)
     with pytest.raises(ArgumentError, match=r"'ids' must have shape \[2, 3\], got \[3, 2\]"):
@@ -121,6 +121,52 @@ def test_out_arrays(module):
         module.twice(x, out=(x, out[1]))
     with pytest.raises(ArgumentError, match="C-contiguous"):
         module.twice(x, out=(np.empty((17, 3), np.float32).T, out[1]))
+
+
+def test_every_call_form_of_the_native_front(module):
+    """The function handed out is a native builtin that runs `f(*inputs, out=...)` itself
+    and gives every other form to the Python wrapper: each form returns the same values,
+    and no call leaks or drops a reference (out arrays, None, the inputs)."""
+    import inspect
+    import sys
+
+    twice = module.twice
+    assert str(inspect.signature(twice)) == "(x, *, out=None)"
+    x = np.arange(51, dtype=np.float32).reshape(3, 17)
+    want = (2 * x, x.sum(axis=1))
+    out = (np.empty((3, 17), np.float32), np.empty(3, np.float32))
+    forms = [
+        lambda: twice(x),                                # outputs allocated by the wrapper
+        lambda: twice(x, out=out),                       # the native path
+        lambda: twice(x, out=list(out)),                 # a list: the wrapper
+        lambda: twice(x, **{"out": out}),                # keyword built at run time
+        lambda: twice(x, out=("o" + "ut") and out),
+    ]
+    for form in forms:
+        result = form()
+        for got, expected in zip(result, want, strict=True):
+            np.testing.assert_array_equal(got, expected)
+    counts = [sys.getrefcount(o) for o in (x, out, out[0], out[1], None)]
+    for _ in range(2000):
+        for form in forms:
+            form()
+    assert [sys.getrefcount(o) for o in (x, out, out[0], out[1], None)] == counts
+    result = twice(x, out=out)
+    assert result is out  # one tuple: handed back as given
+    single = np.empty((2, 3, 4), np.float32)
+    table = np.arange(32, dtype=np.float32).reshape(8, 4)
+    ids = np.array([[0, 7, 3], [1, 1, 2]], np.int64)
+    before = sys.getrefcount(single)
+    for _ in range(1000):
+        assert module.embed(table, ids, out=single) is single
+    assert sys.getrefcount(single) == before
+    np.testing.assert_array_equal(single, table[ids])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'outs'"):
+        twice(x, outs=out)
+    with pytest.raises(TypeError, match="takes 1 positional argument but 2 positional"):
+        twice(x, x, out=out)
+    with pytest.raises(IdOutOfRangeError):
+        module.embed(table, ids + 5, out=single)
 
 
 def test_nan_and_inf_propagate(module):

@@ -61,13 +61,16 @@ class _Lane:
     mask: ir.Value | None
 
 
-def _joint_horizontal_sum(builder: ir.IRBuilder, vectors: list[ir.Value]) -> list[ir.Value]:
-    """[sum of the lanes of v] for each of 2 or 4 vectors (same type, power-of-two width).
+def _joint_horizontal(builder: ir.IRBuilder, vectors: list[ir.Value],
+                      combine) -> list[ir.Value]:
+    """[combine over the lanes of v] for each of 2 or 4 vectors (same type, power-of-two
+    width); `combine(builder, x, y)` is the lane-wise sum or max.
 
     A vector holds `len(group)` equal segments, segment s accumulating vectors[group[s]].
     Two vectors with the same segments merge into one whose segments are half as long
-    (first halves + second halves of each, one add); a lone vector folds its segments'
-    halves onto each other. Merging first shares the shuffles among the vectors."""
+    (first halves + second halves of each, one combine); a lone vector folds its segments'
+    halves onto each other. Merging first shares the shuffles among the vectors, and each
+    vector's lanes are still folded in the halving order of LLVM's own reductions."""
     i32 = ir.IntType(32)
 
     def mask(lanes):
@@ -88,9 +91,8 @@ def _joint_horizontal_sum(builder: ir.IRBuilder, vectors: list[ir.Value]) -> lis
                     seconds += [source + start + half + i for i in range(half)]
             low = builder.shuffle_vector(a, b, mask(firsts))
             high = builder.shuffle_vector(a, b, mask(seconds))
-            merged = builder.fadd(low, high, flags=FLOAT_FLAGS)
             # Segment order: a's segments, then b's.
-            states = states[2:] + [(merged, group_a + group_b)]
+            states = states[2:] + [(combine(builder, low, high), group_a + group_b)]
             continue
         vector, group = states[0]
         lanes = vector.type.count
@@ -101,12 +103,24 @@ def _joint_horizontal_sum(builder: ir.IRBuilder, vectors: list[ir.Value]) -> lis
         undefined = ir.Constant(vector.type, None)
         low = builder.shuffle_vector(vector, undefined, mask(firsts))
         high = builder.shuffle_vector(vector, undefined, mask(seconds))
-        states = states[1:] + [(builder.fadd(low, high, flags=FLOAT_FLAGS), group)]
+        states = states[1:] + [(combine(builder, low, high), group)]
     vector, group = states[0]
-    sums: list[ir.Value] = [None] * len(vectors)  # type: ignore[list-item]
+    results: list[ir.Value] = [None] * len(vectors)  # type: ignore[list-item]
     for lane, number in enumerate(group):
-        sums[number] = builder.extract_element(vector, ir.Constant(i32, lane))
-    return sums
+        results[number] = builder.extract_element(vector, ir.Constant(i32, lane))
+    return results
+
+
+def _lane_sum(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return builder.fadd(x, y, flags=FLOAT_FLAGS)
+
+
+def _lane_max(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    # maxnum accumulators hold no NaN (see KernelCodegen._combine): one vmaxps.
+    return builder.select(builder.fcmp_ordered(">", x, y), x, y)
+
+
+_JOINT_COMBINE = {"sum": _lane_sum, "maxnum": _lane_max}
 
 
 def _tail_width(width: int, active: int) -> int:
@@ -379,39 +393,63 @@ class KernelCodegen:
     def _serial_for(self, loop: L.For) -> None:
         body = self._loop_body(loop)
         innermost = not any(isinstance(s, L.For) for s in loop.body)
+        if innermost and self._joint_reductions(loop):
+            return
         if innermost and loop.extent <= UNROLL_TRIPS:
-            if self._joint_sums(loop):
-                return
             for index in range(loop.extent):
                 body(ir.Constant(I64, index), [])
             return
         self._loop(0, loop.extent, 1, [], body)
 
-    def _joint_sums(self, loop: L.For) -> bool:
-        """An unrolled loop that stores one vectorised float sum per trip (a short row of
-        dot products, as in p @ v with a narrow v) finishes its sums together: the
-        accumulators are halved pairwise in shared shuffles, about half the instructions
-        and latency of one horizontal reduction each. False when the loop is not that."""
-        if self.lane is not None or loop.extent not in (2, 4) or len(loop.body) != 1:
+    def _joint_reductions(self, loop: L.For) -> bool:
+        """A loop whose trips each finish one vectorised float sum or max (a short row of
+        dot products, as in p @ v with a narrow v; the row maxima and sums of short softmax
+        rows) runs four trips at a time and finishes their reductions together: the
+        accumulators are halved pairwise in shared shuffles, about a third of the
+        instructions of one horizontal reduction each, with the other trips' work to
+        overlap. False when the loop is not that."""
+        if self.lane is not None or loop.extent < 2:
             return False
-        (store,) = loop.body
-        reduce = store.value if isinstance(store, L.Store) else None
-        if not isinstance(reduce, L.Reduce) or reduce.op != "sum" or \
-                not reduce.vector_width or reduce.dtype not in L.FLOAT_TYPES:
+        reductions = [e for s in loop.body if isinstance(s, (L.Let, L.Store))
+                      for e in L.subexpressions(s.value) if isinstance(e, L.Reduce)]
+        if len(reductions) != 1 or not all(isinstance(s, (L.Let, L.Store)) for s in loop.body):
             return False
-        accumulators = []
-        for index in range(loop.extent):
-            self._push()
-            self.env[-1][loop.var.name] = Val(ir.Constant(I64, index), False)
-            accumulators.append(self._vector_accumulate(reduce)[0])
-            self._pop()
-        sums = _joint_horizontal_sum(self.b, accumulators)
-        for index, total in enumerate(sums):
-            self._push()
-            self.env[-1][loop.var.name] = Val(ir.Constant(I64, index), False)
-            self.cache[-1][reduce] = Val(total, False)
-            self.stmt(store)
-            self._pop()
+        (reduce,) = reductions
+        if reduce.op not in _JOINT_COMBINE or not reduce.vector_width or \
+                reduce.dtype not in L.FLOAT_TYPES:
+            return False
+
+        def trips(first, count: int) -> None:
+            def bind(trip):
+                self._push()
+                index = self._binary("add", Val(first, False),
+                                     Val(ir.Constant(I64, trip), False), L.I64)
+                self.env[-1][loop.var.name] = index
+
+            accumulators = []
+            for trip in range(count):
+                bind(trip)
+                accumulators.append(self._vector_accumulate(reduce)[0])
+                self._pop()
+            totals = _joint_horizontal(self.b, accumulators, _JOINT_COMBINE[reduce.op])
+            for trip, total in enumerate(totals):
+                bind(trip)
+                self.cache[-1][reduce] = Val(total, False)
+                for stmt in loop.body:
+                    self.stmt(stmt)
+                self._pop()
+
+        groups = loop.extent // 4
+        if groups > 1:
+            self._loop(0, 4 * groups, 4, [], lambda index, carried: trips(index, 4) or carried)
+        elif groups == 1:
+            trips(ir.Constant(I64, 0), 4)
+        done = 4 * groups
+        if loop.extent - done >= 2:
+            trips(ir.Constant(I64, done), 2)
+            done += 2
+        if done < loop.extent:
+            self._loop_body(loop)(ir.Constant(I64, done), [])
         return True
 
     def _serial_range(self, loop: L.For, lo, hi) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 
 import numpy as np
 from llvmlite import ir
@@ -35,8 +36,13 @@ DESCR_BYTEORDER, DESCR_TYPE_NUM = 26, 28
 C_CONTIGUOUS, ALIGNED, WRITEABLE = 0x0001, 0x0100, 0x0400
 
 # Slots of the runtime table.
-TABLE_NDARRAY, TABLE_NONE, TABLE_NOT_IMPLEMENTED = 0, 1, 2
+TABLE_NDARRAY, TABLE_NONE, TABLE_NOT_IMPLEMENTED, TABLE_TUPLE, TABLE_OUT_NAME = range(5)
+TABLE_SLOTS = 5
 TABLE_SYMBOL = "kina_runtime_table"
+# CPython object layout: ob_type, then a tuple's ob_size and its items.
+OB_SIZE, TUPLE_ITEMS = 16, 24
+# nargsf's flag bit that lets a callee borrow args[-1] (PY_VECTORCALL_ARGUMENTS_OFFSET).
+ARGUMENTS_OFFSET_BIT = 1 << 63
 
 # Kernels estimated above this many element operations release the GIL while they run.
 RELEASE_GIL_WORK = 200_000
@@ -54,9 +60,19 @@ def declare_runtime_table(module: ir.Module) -> ir.GlobalVariable:
     existing = module.globals.get(TABLE_SYMBOL)
     if existing is not None:
         return existing
-    table = ir.GlobalVariable(module, ir.ArrayType(PTR, 3), TABLE_SYMBOL)
-    table.initializer = ir.Constant(ir.ArrayType(PTR, 3), None)
+    table = ir.GlobalVariable(module, ir.ArrayType(PTR, TABLE_SLOTS), TABLE_SYMBOL)
+    table.initializer = ir.Constant(ir.ArrayType(PTR, TABLE_SLOTS), None)
     return table
+
+
+def _table_slot(b: ir.IRBuilder, table: ir.GlobalVariable, slot: int) -> ir.Value:
+    pointer = b.gep(table, [ir.Constant(I64, 0), ir.Constant(I64, slot)],
+                    source_etype=table.value_type)
+    return b.load(pointer, typ=PTR)
+
+
+def _field(b: ir.IRBuilder, obj: ir.Value, offset: int, ty) -> ir.Value:
+    return b.load(b.gep(obj, [ir.Constant(I64, offset)], source_etype=I8), typ=ty)
 
 
 def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
@@ -75,12 +91,10 @@ def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
     fallback = entry.append_basic_block("fallback")
 
     def table_slot(slot):
-        pointer = b.gep(table, [ir.Constant(I64, 0), ir.Constant(I64, slot)],
-                        source_etype=table.value_type)
-        return b.load(pointer, typ=PTR)
+        return _table_slot(b, table, slot)
 
     def field(obj, offset, ty):
-        return b.load(b.gep(obj, [ir.Constant(I64, offset)], source_etype=I8), typ=ty)
+        return _field(b, obj, offset, ty)
 
     def require(condition, name):
         passed = entry.append_basic_block(name)
@@ -153,6 +167,68 @@ def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
     return entry
 
 
+def build_keyword_entry(module: ir.Module, kernel: L.Kernel, entry: ir.Function,
+                        symbol: str) -> ir.Function:
+    """The function users call: a METH_FASTCALL | METH_KEYWORDS builtin whose `self` is
+    the Python wrapper. `f(*inputs, out=arrays)` goes straight to `entry` (one output:
+    the vectorcall array already holds inputs then `out`; several: the items of an
+    `out` tuple); anything else (no out=, a list, other keywords, a check that fails)
+    is handed to the wrapper with the same arguments, which allocates outputs or raises
+    the precise error. Saves the wrapper's Python frame on the host loop's hot path."""
+    table = declare_runtime_table(module)
+    fnty = ir.FunctionType(PTR, [PTR, PTR, I64, PTR])
+    front = ir.Function(module, fnty, symbol)
+    front.attributes.add("noinline")
+    wrapper, args, nargsf, kwnames = front.args
+    b = ir.IRBuilder(front.append_basic_block("entry"))
+    fallback = front.append_basic_block("fallback")
+
+    def require(condition, name):
+        passed = front.append_basic_block(name)
+        b.cbranch(condition, passed, fallback)
+        b.position_at_end(passed)
+
+    inputs, outputs = len(kernel.inputs), len(kernel.outputs)
+    nargs = b.and_(nargsf, ir.Constant(I64, ARGUMENTS_OFFSET_BIT - 1))
+    require(b.and_(b.icmp_signed("==", nargs, ir.Constant(I64, inputs)),
+                   b.icmp_unsigned("!=", kwnames, ir.Constant(PTR, None))), "positional")
+    only_out = b.and_(
+        b.icmp_signed("==", _field(b, kwnames, OB_SIZE, I64), ir.Constant(I64, 1)),
+        b.icmp_unsigned("==", _field(b, kwnames, TUPLE_ITEMS, PTR),
+                        _table_slot(b, table, TABLE_OUT_NAME)))
+    require(only_out, "keyword")
+    out = b.load(b.gep(args, [ir.Constant(I64, inputs)], source_etype=PTR), typ=PTR)
+    if outputs == 1:
+        arrays = args
+    else:
+        require(b.and_(b.icmp_unsigned("==", _field(b, out, OB_TYPE, PTR),
+                                       _table_slot(b, table, TABLE_TUPLE)),
+                       b.icmp_signed("==", _field(b, out, OB_SIZE, I64),
+                                     ir.Constant(I64, outputs))), "tuple")
+        arrays = b.alloca(PTR, size=ir.Constant(I64, inputs + outputs))
+        arrays.type = PTR
+        for position in range(inputs + outputs):
+            source = (b.gep(args, [ir.Constant(I64, position)], source_etype=PTR)
+                      if position < inputs else
+                      b.gep(out, [ir.Constant(I64, TUPLE_ITEMS + 8 * (position - inputs))],
+                            source_etype=I8))
+            b.store(b.load(source, typ=PTR),
+                    b.gep(arrays, [ir.Constant(I64, position)], source_etype=PTR))
+    result = b.call(entry, [ir.Constant(PTR, None), arrays,
+                            ir.Constant(I64, inputs + outputs)])
+    decref = _declare(module, "Py_DecRef", ir.FunctionType(ir.VoidType(), [PTR]))
+    b.call(decref, [result])  # None, or NotImplemented when the entry declined
+    require(b.icmp_unsigned("==", result, _table_slot(b, table, TABLE_NONE)), "ran")
+    incref = _declare(module, "Py_IncRef", ir.FunctionType(ir.VoidType(), [PTR]))
+    b.call(incref, [out])
+    b.ret(out)
+    b.position_at_end(fallback)
+    vectorcall = _declare(module, "PyObject_Vectorcall",
+                          ir.FunctionType(PTR, [PTR, PTR, I64, PTR]))
+    b.ret(b.call(vectorcall, [wrapper, args, nargsf, kwnames]))
+    return front
+
+
 def _disjointness_check(module: ir.Module, symbol: str, inputs: int,
                         extents: list[int]) -> ir.Function:
     """`i1 <symbol>.disjoint(ptr starts)`: whether each output's bytes [start, start +
@@ -183,10 +259,14 @@ def _declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function
 
 
 def fill_runtime_table(address: int) -> None:
-    table = (ctypes.c_void_p * 3).from_address(address)
+    table = (ctypes.c_void_p * TABLE_SLOTS).from_address(address)
     table[TABLE_NDARRAY] = id(np.ndarray)
     table[TABLE_NONE] = id(None)
     table[TABLE_NOT_IMPLEMENTED] = id(NotImplemented)
+    table[TABLE_TUPLE] = id(tuple)
+    # Keyword names in call sites are interned, so `out=` arrives as this very object (a
+    # different but equal string only takes the slower wrapper path).
+    table[TABLE_OUT_NAME] = id(_OUT_NAME)
 
 
 @functools.cache
@@ -220,16 +300,21 @@ class _MethodDef(ctypes.Structure):
                 ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]
 
 
-METH_FASTCALL = 0x0080
+METH_FASTCALL, METH_KEYWORDS = 0x0080, 0x0002
+_OUT_NAME = sys.intern("out")
 
 _new_cfunction = ctypes.pythonapi.PyCFunction_NewEx
 _new_cfunction.restype = ctypes.py_object
 _new_cfunction.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.py_object]
 
 
-def make_builtin(name: str, address: int):
-    """A Python builtin function object calling the native fast entry at `address`.
-    Returns (function, method_def); the def must stay alive as long as the function."""
-    definition = _MethodDef(name.encode(), address, METH_FASTCALL, None)
-    function = _new_cfunction(ctypes.addressof(definition), None, None)
+def make_builtin(name: str, address: int, self_object=None, keywords: bool = False,
+                 doc: str | None = None):
+    """A Python builtin function object calling the native fast entry at `address` (with
+    `self_object` as its first argument). Returns (function, method_def); the def must
+    stay alive as long as the function."""
+    flags = METH_FASTCALL | (METH_KEYWORDS if keywords else 0)
+    definition = _MethodDef(name.encode(), address, flags,
+                            doc.encode() if doc is not None else None)
+    function = _new_cfunction(ctypes.addressof(definition), self_object, None)
     return function, definition

@@ -149,18 +149,12 @@ def _flatten(stmts):
             yield from _flatten(stmt.body)
 
 
-def _exprs(expr: L.Expr):
-    yield expr
-    for child in L.children(expr):
-        yield from _exprs(child)
-
-
 def _loads(expr: L.Expr):
-    return [e for e in _exprs(expr) if isinstance(e, L.Load)]
+    return [e for e in L.subexpressions(expr) if isinstance(e, L.Load)]
 
 
 def _reductions(expr: L.Expr):
-    return [e for e in _exprs(expr) if isinstance(e, L.Reduce)]
+    return [e for e in L.subexpressions(expr) if isinstance(e, L.Reduce)]
 
 
 def _stmt_vars(stmt: L.Stmt) -> frozenset[str]:
@@ -179,7 +173,7 @@ def _all_var_names(stmts) -> set[str]:
         if isinstance(stmt, (L.For, L.Let)):
             names.add(stmt.var.name)
         if isinstance(stmt, (L.Let, L.Store)):
-            names |= {e.var.name for e in _exprs(stmt.value) if isinstance(e, L.Reduce)}
+            names |= {e.var.name for e in L.subexpressions(stmt.value) if isinstance(e, L.Reduce)}
             names |= _stmt_vars(stmt)
     return names
 

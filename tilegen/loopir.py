@@ -332,6 +332,13 @@ def children(expr: Expr) -> tuple[Expr, ...]:
     return ()
 
 
+def subexpressions(expr: Expr):
+    """`expr` and every expression below it, parents first."""
+    yield expr
+    for child in children(expr):
+        yield from subexpressions(child)
+
+
 def free_vars(expr: Expr) -> frozenset[str]:
     if isinstance(expr, Var):
         return frozenset((expr.name,))

@@ -19,7 +19,7 @@ from . import config
 from . import loopir as L
 from .codegen import KernelCodegen
 from .config import Config
-from .fastcall import build_entry
+from .fastcall import build_entry, build_keyword_entry
 from .fission import fission_pass
 from .lower import lower_function
 from .schedule import parallelize_pass, vectorize_pass
@@ -28,6 +28,7 @@ from .vecmath import MathLibrary
 
 SYMBOL_PREFIX = "kina_"
 ENTRY_PREFIX = "kina_entry_"
+CALL_PREFIX = "kina_call_"
 
 # Loop-IR passes, in order; each maps (kernel, options) to a kernel.
 SCHEDULE_PASSES = (
@@ -51,6 +52,10 @@ class KernelPlan:
     @property
     def entry_symbol(self) -> str:
         return ENTRY_PREFIX + self.kernel.name
+
+    @property
+    def call_symbol(self) -> str:
+        return CALL_PREFIX + self.kernel.name
 
     @property
     def canonical_key(self) -> str:
@@ -104,7 +109,8 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina",
     math = MathLibrary(module)
     for plan in plans:
         kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile).build()
-        build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
+        entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
+        build_keyword_entry(module, plan.kernel, entry, plan.call_symbol)
     return module
 
 

@@ -15,7 +15,10 @@ from .loopir import For, Gemm, Let, Store
 
 
 def _compiled(function):
-    return getattr(function, "slow_path", function)
+    """The CompiledFunction behind what a module hands out: the native keyword front's
+    `__self__` is the Python wrapper, whose `slow_path` it is."""
+    wrapper = getattr(function, "__self__", function)
+    return getattr(wrapper, "slow_path", wrapper)
 
 
 def counters(function) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import inspect
 import keyword
 import os
 import shutil
@@ -170,6 +171,17 @@ def _out_lines(params: list[str], count: int) -> list[str]:
             "            return tuple(out)"]
 
 
+def _text_signature(wrapper) -> str:
+    """The docstring form from which CPython derives a builtin's __text_signature__ (so
+    inspect.signature and help() show the Kina parameters), then the wrapper's doc."""
+    slow = wrapper.slow_path
+    params = "\n".join(f"    {n}: {d.name}{list(s)}" for n, d, s in slow.params)
+    results = "\n".join(f"    {d.name}{list(s)}" for d, s in slow.results)
+    return (f"{wrapper.__name__}{inspect.signature(wrapper)}\n--\n\n"
+            f"Compiled Kina function.\n\nParameters:\n{params}\nReturns:\n{results}\n"
+            f"out= takes preallocated result arrays (one array, or a tuple for several).")
+
+
 def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
     """A plain Python function with the Kina signature that calls the native entry and
     falls back to `slow` (which validates and raises) when the entry declines."""
@@ -208,7 +220,8 @@ class NativeCode:
     """Where one function's compiled code lives and what keeps it alive."""
 
     kernel: int  # address of the kernel
-    entry: int  # address of its METH_FASTCALL entry
+    entry: int  # address of its METH_FASTCALL entry (positional inputs then outputs)
+    call: int  # address of its METH_FASTCALL | METH_KEYWORDS front (inputs, out=)
     table: int | None  # address of the runtime table the entry reads
     profile: int | None  # address of the TILEGEN_PROFILE cycle counters, if compiled in
     owner: object  # the MCJIT engine or the loaded library, inside a _CodeOwner
@@ -275,7 +288,12 @@ class CompiledModule:
         fill_runtime_table(native.table)
         entry, definition = make_builtin(plan.entry_symbol, native.entry)
         self._method_defs.append(definition)
-        return _fast_wrapper(slow, entry, self)
+        wrapper = _fast_wrapper(slow, entry, self)
+        # What users call: the native keyword front, falling back to `wrapper`.
+        front, definition = make_builtin(slow.name, native.call, self_object=wrapper,
+                                         keywords=True, doc=_text_signature(wrapper))
+        self._method_defs.append(definition)
+        return front
 
     def profile_address(self, plan: KernelPlan) -> int | None:
         """Address of the kernel's cycle counters (compiled with TILEGEN_PROFILE=1)."""
@@ -342,12 +360,13 @@ def jit_module(plans: list[KernelPlan], profile: bool = False, disk=None,
         with LLVM_LOCK:
             kernel = engine.get_function_address(plan.symbol)
             entry = engine.get_function_address(plan.entry_symbol)
+            call = engine.get_function_address(plan.call_symbol)
             blocks = engine.get_global_value_address(plan.symbol + BLOCKS_SUFFIX)
             count = engine.get_global_value_address(plan.symbol + BLOCK_COUNT_SUFFIX)
             table = engine.get_global_value_address(TABLE_SYMBOL)
             counters = engine.get_global_value_address(plan.symbol + ".cycles") \
                 if profile else None
-        return NativeCode(kernel, entry, table, counters or None,
+        return NativeCode(kernel, entry, call, table, counters or None,
                           _CodeOwner(engine, blocks, ctypes.c_int64.from_address(count).value))
 
     return CompiledModule(plans, "jit", load)
@@ -408,7 +427,8 @@ def load_shared_library(plans: list[KernelPlan], path: str) -> CompiledModule:
             counters = ctypes.addressof(ctypes.c_int64.in_dll(library, plan.symbol + ".cycles"))
         except ValueError:
             counters = None
-        return NativeCode(address(plan.symbol), address(plan.entry_symbol), table, counters,
+        return NativeCode(address(plan.symbol), address(plan.entry_symbol),
+                          address(plan.call_symbol), table, counters,
                           _CodeOwner(library, ctypes.addressof(ctypes.c_void_p.in_dll(
                               library, plan.symbol + BLOCKS_SUFFIX)), ctypes.c_int64.in_dll(
                               library, plan.symbol + BLOCK_COUNT_SUFFIX).value))
