@@ -7,15 +7,22 @@ within 2 ulp over the whole float range (checked by tests/test_vecmath.py agains
 NumPy over millions of inputs).
 
 exp(x):  n = rint(x / ln 2), r = x - n ln 2 in two steps (Cody-Waite: ln 2 split in a
-         short high part, exact for |n| < 2^8, and a low part); e^r by its Taylor series
-         on |r| <= ln2/2 (degree 7 for f32, 13 for f64: truncation below half an ulp);
-         2^n applied as two exact powers of two so results into the subnormal range are
-         rounded once.
+         short high part, exact for |n| < 2^8, and a low part); e^r by a polynomial with
+         constant term 1 on |r| <= ln2/2, in Horner form: for f32 a degree-5 minimax fit
+         (1.07 ulp before rounding, see _EXP_F32; 1.91 ulp measured over every f32 input),
+         for f64 the degree-13 Taylor series (truncation below half an ulp); 2^n applied
+         so that results in the subnormal range are rounded once. On AVX-512, vscalefps
+         computes poly * 2^n in one instruction and gives inf, +0 or NaN by itself for a
+         huge, infinite or NaN n, so x is not clamped: only r is, to the polynomial's
+         interval, by one vrangeps (AVX-512DQ; without it x is clamped by compare and
+         select). Otherwise x is clamped to [underflow, overflow] and 2^n applied as two
+         exact powers of two.
 log(x):  x = 2^k m with m in [sqrt(2)/2, sqrt(2)) (subnormals pre-scaled), f = m - 1,
          s = f / (2 + f), log(1 + f) = f - (f^2/2 - s (f^2/2 + R)) with R the atanh
          series 2 s^2/3 + 2 s^4/5 + ... (|s| <= 0.172: 5 terms for f32, 11 for f64),
          and k ln 2 added as a high part (exact product) and a low part.
-Special values (NaN, +-inf, 0, negative log arguments) are fixed up with selects.
+Special values (NaN, +-inf, 0, negative log arguments) are fixed up with selects, except
+in the AVX-512 exp, where vscalefps's own special cases give them.
 tanh stays on the libm intrinsic (not on any hot path).
 """
 
@@ -26,6 +33,16 @@ import math
 from llvmlite import ir
 
 _LIBM_INTRINSICS = {"tanh": "llvm.tanh"}
+
+# e^r ~ 1 + c1 r + ... + c5 r^5 on |r| <= ln2 (1/2 + 2^-16) (the margin covers the rounding
+# of x / ln 2 before rint, 150 ulp of 2^-24 at most): minimax for the error in f32 ulps of
+# the result (weight 2^24 for r < 0, where e^r is in [1/2, 1), 2^23 above), by a Remez
+# exchange in float64, each coefficient rounded to f32 in turn (c1 first) and the rest
+# refitted. Max 1.07 ulp before the evaluation's roundings; ARM's optimized-routines
+# v_expf has nearly the same degree-5 set. tests/test_vecmath.py re-runs the fit.
+_EXP_REDUCED_BOUND = math.log(2) * (0.5 + 2.0**-16)
+_EXP_F32 = tuple(float.fromhex(c) for c in (
+    "0x1.ffffeep-1", "0x1.fffdb8p-2", "0x1.555d8cp-3", "0x1.573f34p-5", "0x1.0e89e6p-7"))
 
 
 class _Format:
@@ -38,7 +55,9 @@ class _Format:
         # ln 2 split: the high part has few significant bits so n * ln2_hi is exact.
         self.ln2_hi = 0.693145751953125 if is_double else 0.693359375
         self.ln2_lo = _ln2_low_part(self.ln2_hi)
-        self.exp_terms = 13 if is_double else 7
+        # c0 = 1, c1, c2, ... of the polynomial for e^r on |r| <= ln2/2.
+        self.exp_coefficients = (tuple(1 / math.factorial(k) for k in range(14)) if is_double
+                                 else (1.0, *_EXP_F32))
         self.log_terms = 11 if is_double else 5
         # Clamp bounds just past where exp over/underflows: exp(overflow) rounds to inf and
         # exp(underflow) is below half the smallest subnormal, so it rounds to 0.
@@ -119,22 +138,36 @@ class _Emitter:
         biased = self.b.add(n_int, self.i(self.fmt.bias))
         return self.b.bitcast(self.b.shl(biased, self.i(self.fmt.mantissa_bits)), self.ty)
 
-    def scalef_intrinsic(self):
-        """llvm.x86.avx512.mask.scalef for 128/256/512-bit vectors when the host has
-        AVX-512 (VL for the narrow ones)."""
-        if not self.width or not _host_has("avx512f") or not _host_has("avx512vl"):
+    def avx512_intrinsic(self, op: str, *features: str):
+        """llvm.x86.avx512.mask.<op> for 128/256/512-bit vectors when the host has AVX-512
+        (VL for the narrow ones) and `features`. Called as `self.avx512_call`."""
+        if not self.width or not all(_host_has(feature)
+                                     for feature in ("avx512f", "avx512vl", *features)):
             return None
         bits = self.width * (64 if self.fmt.is_double else 32)
         if bits not in (128, 256, 512):
             return None
         kind = "pd" if self.fmt.is_double else "ps"
-        name = f"llvm.x86.avx512.mask.scalef.{kind}.{bits}"
-        mask_type = ir.IntType(max(8, self.width))
-        args = [self.ty, self.ty, self.ty, mask_type] + ([ir.IntType(32)] if bits == 512 else [])
+        name = f"llvm.x86.avx512.mask.{op}.{kind}.{bits}"
         function = self.module.globals.get(name)
         if function is None:
+            i32 = ir.IntType(32)
+            # range takes an immediate after the two sources; 512-bit forms end with an
+            # i32 rounding/SAE control.
+            args = ([self.ty, self.ty] + ([i32] if op == "range" else [])
+                    + [self.ty, ir.IntType(max(8, self.width))] + ([i32] if bits == 512 else []))
             function = ir.Function(self.module, ir.FunctionType(self.ty, args), name)
         return function
+
+    def avx512_call(self, function: ir.Function, a, b, *immediate: int):
+        """function(a, b[, immediate]) on all lanes (passthrough a, mask all ones), in the
+        current rounding direction."""
+        i32 = ir.IntType(32)
+        args = [a, b, *(ir.Constant(i32, value) for value in immediate), a,
+                ir.Constant(ir.IntType(max(8, self.width)), -1)]
+        if self.width * (64 if self.fmt.is_double else 32) == 512:
+            args.append(ir.Constant(i32, 4))  # _MM_FROUND_CUR_DIRECTION
+        return self.b.call(function, args)
 
     # ---- exp ----------------------------------------------------------------------------------
 
@@ -156,31 +189,42 @@ class _Emitter:
 
     def exp(self, x):
         fmt, b = self.fmt, self.b
-        scalef = self.scalef_intrinsic()
-        if scalef is not None:
-            # Compare-and-select clamps keep a NaN (the compares are false), and NaN then
-            # flows through every step below, vscalefps included: no final fix-up.
-            low = b.select(b.fcmp_ordered("<", x, self.f(fmt.underflow)),
-                           self.f(fmt.underflow), x)
-            clamped = b.select(b.fcmp_ordered(">", low, self.f(fmt.overflow)),
-                               self.f(fmt.overflow), low)
+        scalef = self.avx512_intrinsic("scalef")
+        vrange = self.avx512_intrinsic("range", "avx512dq") if scalef is not None else None
+        if vrange is not None:
+            # x is not clamped: NaN, +-inf and huge x give n = NaN, +-inf or huge, and
+            # vscalefps returns NaN, inf or +0 for those n whatever its (finite, positive)
+            # first operand. Only r can then be NaN (inf - inf) or far out of range, so r is
+            # clamped instead, by vrangeps: imm 0b0010 is min(|r|, bound) with the sign of r,
+            # one instruction, and it returns the bound for a NaN r. The bound is the
+            # polynomial's interval: wherever the result is neither inf nor 0 (|n| <= 150 for
+            # f32, 1075 for f64), r is exact to rounding and already inside it.
+            n = self.intrinsic("llvm.rint", b.fmul(x, self.f(1 / math.log(2))))
+            r = self.fma(n, self.f(-fmt.ln2_hi), x)
+            r = self.fma(n, self.f(-fmt.ln2_lo), r)
+            r = self.avx512_call(vrange, r, self.f(_EXP_REDUCED_BOUND), 0b0010)
         else:
-            clamped = self.intrinsic("llvm.minnum", self.intrinsic(
-                "llvm.maxnum", x, self.f(fmt.underflow)), self.f(fmt.overflow))
-        n = self.intrinsic("llvm.rint", b.fmul(clamped, self.f(1 / math.log(2))))
-        r = self.fma(n, self.f(-fmt.ln2_hi), clamped)
-        r = self.fma(n, self.f(-fmt.ln2_lo), r)
-        poly = self.f(1 / math.factorial(fmt.exp_terms))
-        for k in range(fmt.exp_terms - 1, -1, -1):
-            poly = self.fma(poly, r, self.f(1 / math.factorial(k)))
+            if scalef is not None:
+                # Compare-and-select clamps keep a NaN (the compares are false), and NaN
+                # then flows through every step below, vscalefps included: no fix-up.
+                low = b.select(b.fcmp_ordered("<", x, self.f(fmt.underflow)),
+                               self.f(fmt.underflow), x)
+                clamped = b.select(b.fcmp_ordered(">", low, self.f(fmt.overflow)),
+                                   self.f(fmt.overflow), low)
+            else:
+                clamped = self.intrinsic("llvm.minnum", self.intrinsic(
+                    "llvm.maxnum", x, self.f(fmt.underflow)), self.f(fmt.overflow))
+            n = self.intrinsic("llvm.rint", b.fmul(clamped, self.f(1 / math.log(2))))
+            r = self.fma(n, self.f(-fmt.ln2_hi), clamped)
+            r = self.fma(n, self.f(-fmt.ln2_lo), r)
+        *lower, top = fmt.exp_coefficients
+        poly = self.f(top)
+        for coefficient in reversed(lower):
+            poly = self.fma(poly, r, self.f(coefficient))
         if scalef is not None:
             # AVX-512's vscalefps computes poly * 2^n in one instruction with a single
             # rounding, subnormal results included.
-            mask = ir.Constant(ir.IntType(max(8, self.width)), -1)
-            args = [poly, n, poly, mask]
-            if self.width * (64 if fmt.is_double else 32) == 512:
-                args.append(ir.Constant(ir.IntType(32), 4))  # current rounding direction
-            return b.call(scalef, args)
+            return self.avx512_call(scalef, poly, n)
         n_int = b.fptosi(n, self.int_ty)
         half = b.ashr(n_int, self.i(1))
         rest = b.sub(n_int, half)
