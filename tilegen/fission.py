@@ -63,7 +63,7 @@ def _split_nest(stmt: L.Stmt, kernel: L.Kernel, temps: list[L.Buffer],
         stores = []
         for s in step:
             if isinstance(s, L.Let) and any(s.var.name in _stmt_vars(t)
-                                             for t in _flatten(later)):
+                                             for t in L.statements(later)):
                 if s.var.dtype not in L.FLOAT_TYPES + (L.I64,):
                     return [stmt]
                 name = _fresh(s.var.name + "_rows", taken)
@@ -90,7 +90,7 @@ def _steps(body: tuple[L.Stmt, ...]) -> list[list[L.Stmt]]:
 
 def _pays(loops: list[L.For], kernel: L.Kernel) -> bool:
     body = loops[-1].body
-    for stmt in _flatten(body):
+    for stmt in L.statements(body):
         if isinstance(stmt, L.Gemm):
             return False
         if isinstance(stmt, L.For) and stmt.extent > MAX_ROW_EXTENT:
@@ -99,7 +99,7 @@ def _pays(loops: list[L.For], kernel: L.Kernel) -> bool:
                 r.extent > MAX_ROW_EXTENT for r in _reductions(stmt.value)):
             return False
     touched = set()
-    for stmt in _flatten(body):
+    for stmt in L.statements(body):
         if isinstance(stmt, L.Store):
             touched.add(stmt.buffer)
         if not isinstance(stmt, L.For):
@@ -115,7 +115,7 @@ def _legal(loops: list[L.For], kernel: L.Kernel) -> bool:
     That holds when each row variable indexes one fixed axis of every access to such a
     buffer as itself. Id checks stay in one nest, so a failing id is reported exactly as
     before."""
-    statements = list(_flatten(loops[-1].body))
+    statements = list(L.statements(loops[-1].body))
     if any(not isinstance(s, L.For) and L.contains(s.value, (L.CheckedId,))
            for s in statements):
         return False
@@ -142,13 +142,6 @@ def _wrap(loops: list[L.For], body: tuple[L.Stmt, ...]) -> L.Stmt:
     return body[0]
 
 
-def _flatten(stmts):
-    for stmt in stmts:
-        yield stmt
-        if isinstance(stmt, L.For):
-            yield from _flatten(stmt.body)
-
-
 def _loads(expr: L.Expr):
     return [e for e in L.subexpressions(expr) if isinstance(e, L.Load)]
 
@@ -169,7 +162,7 @@ def _stmt_vars(stmt: L.Stmt) -> frozenset[str]:
 
 def _all_var_names(stmts) -> set[str]:
     names: set[str] = set()
-    for stmt in _flatten(stmts):
+    for stmt in L.statements(stmts):
         if isinstance(stmt, (L.For, L.Let)):
             names.add(stmt.var.name)
         if isinstance(stmt, (L.Let, L.Store)):
@@ -193,31 +186,8 @@ def _substitute_stmt(stmt: L.Stmt, kept: dict[str, L.Load]) -> L.Stmt:
     if isinstance(stmt, L.For):
         return replace(stmt, body=tuple(_substitute_stmt(s, kept) for s in stmt.body))
     if isinstance(stmt, L.Let):
-        return replace(stmt, value=_substitute(stmt.value, kept))
+        return replace(stmt, value=L.substitute(stmt.value, kept))
     if isinstance(stmt, L.Store):
-        return replace(stmt, index=tuple(_substitute(e, kept) for e in stmt.index),
-                       value=_substitute(stmt.value, kept))
+        return replace(stmt, index=tuple(L.substitute(e, kept) for e in stmt.index),
+                       value=L.substitute(stmt.value, kept))
     return stmt
-
-
-def _substitute(expr: L.Expr, kept: dict[str, L.Load]) -> L.Expr:
-    """`expr` with the kept Lets' variables replaced by loads of their temporaries (the
-    names are unique in a kernel, so no scoping is involved)."""
-    if isinstance(expr, L.Var):
-        return kept.get(expr.name, expr)
-    if isinstance(expr, L.Load):
-        return replace(expr, index=tuple(_substitute(e, kept) for e in expr.index))
-    if isinstance(expr, L.Binary):
-        return replace(expr, lhs=_substitute(expr.lhs, kept), rhs=_substitute(expr.rhs, kept))
-    if isinstance(expr, (L.Unary, L.Cast)):
-        return replace(expr, operand=_substitute(expr.operand, kept))
-    if isinstance(expr, L.Select):
-        return replace(expr, cond=_substitute(expr.cond, kept),
-                       if_true=_substitute(expr.if_true, kept),
-                       if_false=_substitute(expr.if_false, kept))
-    if isinstance(expr, L.Reduce):
-        return replace(expr, body=_substitute(expr.body, kept))
-    if isinstance(expr, L.CheckedId):
-        return replace(expr, value=_substitute(expr.value, kept),
-                       position=tuple(_substitute(e, kept) for e in expr.position))
-    return expr

@@ -339,6 +339,44 @@ def subexpressions(expr: Expr):
         yield from subexpressions(child)
 
 
+def map_children(expr: Expr, fn) -> Expr:
+    """`expr` with `fn` applied to each direct child (index components, operands, a
+    reduction's body)."""
+    if isinstance(expr, Load):
+        return Load(expr.buffer, tuple(fn(e) for e in expr.index), expr.dtype)
+    if isinstance(expr, Binary):
+        return Binary(expr.op, fn(expr.lhs), fn(expr.rhs), expr.dtype)
+    if isinstance(expr, Unary):
+        return Unary(expr.op, fn(expr.operand), expr.dtype)
+    if isinstance(expr, Cast):
+        return Cast(fn(expr.operand), expr.dtype)
+    if isinstance(expr, Select):
+        return Select(fn(expr.cond), fn(expr.if_true), fn(expr.if_false), expr.dtype)
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, expr.var, expr.extent, fn(expr.body), expr.dtype,
+                      expr.vector_width)
+    if isinstance(expr, CheckedId):
+        return CheckedId(fn(expr.value), expr.limit, expr.site,
+                         tuple(fn(e) for e in expr.position), expr.dtype)
+    return expr
+
+
+def substitute(expr: Expr, values: dict[str, Expr]) -> Expr:
+    """`expr` with the variables named in `values` replaced (loop and let variables are
+    unique within a kernel, so no scoping is involved)."""
+    if isinstance(expr, Var):
+        return values.get(expr.name, expr)
+    return map_children(expr, lambda child: substitute(child, values))
+
+
+def statements(stmts):
+    """Every statement in `stmts` and in the loops among them, parents first."""
+    for stmt in stmts:
+        yield stmt
+        if isinstance(stmt, For):
+            yield from statements(stmt.body)
+
+
 def free_vars(expr: Expr) -> frozenset[str]:
     if isinstance(expr, Var):
         return frozenset((expr.name,))

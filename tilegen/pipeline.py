@@ -22,6 +22,7 @@ from .config import Config
 from .fastcall import build_entry, build_keyword_entry
 from .fission import fission_pass
 from .lower import lower_function
+from .rowscale import defer_row_scaling
 from .schedule import parallelize_pass, vectorize_pass
 from .target import LLVM_LOCK, optimize, target_machine, triple
 from .vecmath import MathLibrary
@@ -33,6 +34,7 @@ CALL_PREFIX = "kina_call_"
 # Loop-IR passes, in order; each maps (kernel, options) to a kernel.
 SCHEDULE_PASSES = (
     ("fission", lambda kernel, options: fission_pass(kernel)),
+    ("defer-row-scaling", lambda kernel, options: defer_row_scaling(kernel)),
     ("vectorize", lambda kernel, options: vectorize_pass(kernel)),
     ("parallelize", lambda kernel, options: parallelize_pass(kernel, options.num_threads)),
 )

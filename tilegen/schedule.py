@@ -84,17 +84,10 @@ def _schedule_stmt(stmt: L.Stmt, strides, in_vector: bool) -> L.Stmt:
     raise TypeError(stmt)
 
 
-def _subtree(stmts):
-    for stmt in stmts:
-        yield stmt
-        if isinstance(stmt, L.For):
-            yield from _subtree(stmt.body)
-
-
 def _loop_width(loop: L.For, strides) -> int:
     if any(isinstance(s, L.For) for s in loop.body) and not _outer_vectorizable(loop, strides):
         return 0
-    stores = [s for s in _subtree(loop.body) if isinstance(s, L.Store)]
+    stores = [s for s in L.statements(loop.body) if isinstance(s, L.Store)]
     if not stores:
         return 0
     dtypes = set()
@@ -106,7 +99,7 @@ def _loop_width(loop: L.For, strides) -> int:
         return 0
     # A lane-strided load inside a reduction turns every reduction step into a gather;
     # vectorising the reduction itself (contiguous loads) is then the better choice.
-    for stmt in _subtree(loop.body):
+    for stmt in L.statements(loop.body):
         if isinstance(stmt, L.For):
             continue
         value = stmt.value
@@ -120,7 +113,7 @@ def _outer_vectorizable(loop: L.For, strides) -> bool:
     runs in tiles when everything below it stores contiguously along it and reads along it
     without gathers: each statement then works on `width` neighbouring rows at once, with
     vertical reductions (a [36, 72] softmax over axis 0: 12.3 -> 1.7 us)."""
-    for stmt in _subtree(loop.body):
+    for stmt in L.statements(loop.body):
         if isinstance(stmt, L.Gemm):
             return False
         if isinstance(stmt, L.For):
