@@ -101,3 +101,58 @@ def prepare_for_codegen(program: Program, name: str) -> Function:
     if function.is_main:
         function = placeholders_to_params(function)
     return eliminate_dead_code(inline_calls(program, function))
+
+
+def project_before_gather(function: Function) -> Function:
+    """`matmul(gather(table, ids), w)` -> `gather(matmul(table, w), ids)` when fewer table
+    rows exist than ids are gathered (a small vocabulary projected at every position:
+    StoryLM-0's q, k and v read 36 rows of an 8-row embedding). Each output element is
+    the same sum over the same products in the same order, so nothing changes but the
+    work: rows x K x N multiply-adds instead of len(ids) x K x N. `w` must be the same
+    matrix for every batch: a rank-2 operand, or a broadcast of one. The new gather keeps
+    the old one's location, so an out-of-range id is reported where it was."""
+    defs: dict[str, Operation] = {}
+    taken = {v.name for v in function.params}
+    taken |= {r.name for op in function.body for r in op.results}
+    body: list[Operation] = []
+    for op in function.body:
+        rewritten = _projected_gather(op, defs, taken)
+        for new in rewritten or (op,):
+            body.append(new)
+            for result in new.results:
+                defs[result.name] = new
+    return Function(function.name, function.params, tuple(body), function.results,
+                    function.is_main, function.span)
+
+
+def _projected_gather(op: Operation, defs: dict[str, Operation],
+                      taken: set[str]) -> tuple[Operation, Operation] | None:
+    if op.op != "matmul":
+        return None
+    a, b = op.operands
+    gather = defs.get(a.name)
+    if gather is None or gather.op != "gather":
+        return None
+    table, ids = gather.operands
+    weight = b
+    source = defs.get(b.name)
+    if b.type.rank > 2:
+        if source is None or source.op != "broadcast" or source.operands[0].type.rank != 2:
+            return None
+        weight = source.operands[0]
+    if weight.type.concrete_shape != b.type.concrete_shape[-2:]:
+        return None
+    rows = table.type.concrete_shape[0]
+    gathered = 1
+    for extent in ids.type.concrete_shape:
+        gathered *= extent
+    if rows >= gathered:
+        return None
+    name, suffix = f"{op.result.name}_rows", 1
+    while name in taken:
+        suffix += 1
+        name = f"{op.result.name}_rows{suffix}"
+    taken.add(name)
+    projected = Value(name, table.type.with_shape((table.type.shape[0], weight.type.shape[1])))
+    return (Operation("matmul", (table, weight), (projected,), (), op.span),
+            Operation("gather", (projected, ids), op.results, gather.attrs, gather.span))

@@ -124,7 +124,8 @@ class LowerContext:
         temporary buffer first when recomputing it would cost more than storing it."""
         if view.buffer is not None or reuse <= 1:
             return view
-        if L.expr_cost(self.sample(view)) <= MATERIALIZE_COST:
+        sample = self.sample(view)
+        if L.expr_cost(sample) <= MATERIALIZE_COST and not _reads_by_id(sample):
             return view
         return self.materialize(view, "tmp")
 
@@ -211,6 +212,14 @@ class LowerContext:
 
 def _sanitize(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def _reads_by_id(expr: L.Expr) -> bool:
+    """Whether `expr` loads through a loaded index (a gathered row): cheap once, but a
+    gather per lane wherever a consumer walks it along a vector axis, so a reused one is
+    stored contiguously instead."""
+    return any(isinstance(e, L.Load) and any(L.contains(i, (L.Load,)) for i in e.index)
+               for e in L.subexpressions(expr))
 
 
 def lower_function(function: Function, kernel_name: str | None = None,

@@ -13,7 +13,7 @@ from llvmlite import ir
 
 from kina_frontend.diagnostics import KinaError
 from kina_frontend.tensor_ir import Function, Program
-from kina_frontend.transforms import prepare_for_codegen
+from kina_frontend.transforms import prepare_for_codegen, project_before_gather
 
 from . import config
 from . import loopir as L
@@ -79,7 +79,7 @@ class KernelPlan:
 
 
 def prepare(program: Program, name: str) -> Function:
-    return prepare_for_codegen(program, name)
+    return project_before_gather(prepare_for_codegen(program, name))
 
 
 def lower(function: Function, options: Config) -> L.Kernel:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tilegen import loopir as L
@@ -53,6 +55,10 @@ def _gather_lower(ctx, op, operands):
     table, ids = operands
     rows, width = table.type.concrete_shape
     row_id = ctx.id_checker(ctx.reusable(ids, width), rows)
+    # Each table row is read len(ids) / rows times on average: a computed table (a
+    # projection moved before the gather) is stored once rather than recomputed per id.
+    gathered = math.prod(ids.type.concrete_shape)
+    table = ctx.reusable(table, -(-gathered // rows))
 
     def at(index):
         return table.at((row_id(index[:-1]), index[-1]))
