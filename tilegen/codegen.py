@@ -941,6 +941,11 @@ class KernelCodegen:
         float_max = reduce.op == "max" and dtype in L.FLOAT_TYPES
 
         def tile(base, mask, carried, tile_width=width):
+            if carried is None:  # the first tile of a sum starts the accumulator itself
+                carried = [init]
+                first = True
+            else:
+                first = False
             saved = self.lane
             self.lane = _Lane(reduce.var.name, tile_width, base, mask)
             self._push()
@@ -956,14 +961,24 @@ class KernelCodegen:
                     value = self.b.shuffle_vector(value, fill, ir.Constant(
                         ir.VectorType(ir.IntType(32), width),
                         [min(lane, tile_width) for lane in range(width)]))
-            combined = self._combine(reduce.op, carried, Val(value, True), None, dtype, True)
+            if first:
+                # 0 + x is x (a -0 stays -0, as numpy's sum keeps it): skip the add.
+                # maxnum's first combine stays: it is what keeps NaN out of the accumulator.
+                combined = [value]
+            else:
+                combined = self._combine(reduce.op, carried, Val(value, True), None, dtype,
+                                         True)
             self.lane = saved
             return combined
 
         carried = [init, ir.Constant(ir.VectorType(I1, width), [0] * width)] if float_max \
             else [init]
-        if main:
-            carried = self._loop(0, main, width, carried,
+        start = 0
+        if reduce.op == "sum" and main:
+            carried = tile(ir.Constant(I64, 0), None, None)
+            start = width
+        if main > start:
+            carried = self._loop(start, main, width, carried,
                                  lambda index, acc: tile(index, None, acc))
         if reduce.extent - main:
             active = reduce.extent - main
