@@ -2,8 +2,9 @@
 
 One timed call generates all 32 tokens: each step re-forwards the length-36 buffer, takes the
 argmax of row 3 + s and writes token 4 + s. tilegen compiles examples/storylm0_rollout.kina once
-and its host loop reuses every buffer (`out=` for the logits and for `greedy_row`'s id); the
-report also divides by 32 for the per-token figure. The guard compares the 36 ids with
+and its host loop reuses every buffer (`out=` for the logits, and `greedy_row` writes each id
+into its [1, 1] slot of the token buffer); the report also divides by 32 for the per-token
+figure. The guard compares the 36 ids with
 storylm.reference.rollout run in float64.
 """
 
@@ -58,16 +59,17 @@ def _tilegen(model, kina_function) -> Case:
     initial = storylm_data.rollout_ids()
     tokens = initial.copy()
     logits = np.empty((1, model.length, model.vocab), np.float32)
-    best = np.empty((1, 1), np.int64)
-    weights = model.forward_args(tokens)[1:]
+    embed, mask, scale, wq, wk, wv, wo, lm_head = model.forward_args(tokens)[1:]
     rows = [logits[:, read:read + 1, :] for read in range(PROMPT - 1, PROMPT - 1 + STEPS)]
+    # greedy_row writes each new id straight into its place in the token buffer (a [1, 1]
+    # view of it), where the next forward reads it.
+    slots = [tokens[:, PROMPT + step:PROMPT + step + 1] for step in range(STEPS)]
 
     def rollout():
         tokens[:] = initial
-        for step, row in enumerate(rows):
-            forward(tokens, *weights, out=logits)
-            greedy(row, out=best)
-            tokens[0, PROMPT + step] = best[0, 0]
+        for row, slot in zip(rows, slots, strict=True):
+            forward(tokens, embed, mask, scale, wq, wk, wv, wo, lm_head, out=logits)
+            greedy(row, out=slot)
         return tokens
 
     return Case(rollout, _guard(model), tilegen_threads())
@@ -78,10 +80,14 @@ def _numpy(model, kina_function) -> Case:
     initial = storylm_data.rollout_ids()
     weights = model.forward_args(initial)[1:]
 
+    embed, mask, scale, wq, wk, wv, wo, lm_head = weights
+    heads = model.heads
+
     def rollout():
         tokens = initial.copy()
         for step in range(STEPS):
-            logits = numpy_storylm.forward(tokens, *weights, heads=model.heads)
+            logits = numpy_storylm.forward(tokens, embed, mask, scale, wq, wk, wv, wo, lm_head,
+                                           heads=heads)
             tokens[0, PROMPT + step] = np.argmax(logits[0, PROMPT - 1 + step])
         return tokens
 
@@ -149,10 +155,14 @@ def _numba(model, kina_function) -> Case:
     logits = np.empty((1, model.length, model.vocab), np.float32)
     weights = model.forward_args(initial)[1:]
 
+    embed, mask, scale, wq, wk, wv, wo, lm_head = weights
+    heads = model.heads
+
     def rollout():
         tokens[:] = initial
         for step in range(STEPS):
-            numba_storylm.greedy_step(tokens, step, PROMPT, *weights, model.heads, logits)
+            numba_storylm.greedy_step(tokens, step, PROMPT, embed, mask, scale, wq, wk, wv, wo,
+                                      lm_head, heads, logits)
         return tokens
 
     _, compile_s = timed_first_call(rollout)
