@@ -308,13 +308,24 @@ _new_cfunction.restype = ctypes.py_object
 _new_cfunction.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.py_object]
 
 
+# CPython reads a builtin's PyMethodDef while deallocating it (meth_dealloc checks its
+# flags), and a builtin, its Python wrapper and the module that owns the native code form a
+# reference cycle that the garbage collector tears down in no particular order, at the
+# latest when the interpreter exits and clears every module: a def owned by anything that
+# can be cleared may go first (a segfault at exit, seen with two compiled functions). So
+# each def gets one reference that is never released, as extension modules keep theirs
+# in static memory: about 100 bytes plus the docstring per compiled function.
+_keep_forever = ctypes.pythonapi.Py_IncRef
+_keep_forever.argtypes = [ctypes.py_object]
+_keep_forever.restype = None
+
+
 def make_builtin(name: str, address: int, self_object=None, keywords: bool = False,
                  doc: str | None = None):
     """A Python builtin function object calling the native fast entry at `address` (with
-    `self_object` as its first argument). Returns (function, method_def); the def must
-    stay alive as long as the function."""
+    `self_object` as its first argument); its def lives as long as the process."""
     flags = METH_FASTCALL | (METH_KEYWORDS if keywords else 0)
     definition = _MethodDef(name.encode(), address, flags,
                             doc.encode() if doc is not None else None)
-    function = _new_cfunction(ctypes.addressof(definition), self_object, None)
-    return function, definition
+    _keep_forever(definition)
+    return _new_cfunction(ctypes.addressof(definition), self_object, None)

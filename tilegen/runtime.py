@@ -262,7 +262,6 @@ class CompiledModule:
         self._load = load  # plan -> NativeCode
         self._functions: dict[str, object] = {}
         self._natives: dict[str, NativeCode] = {}
-        self._method_defs = []
         self._lock = threading.Lock()
 
     @property
@@ -286,14 +285,11 @@ class CompiledModule:
         if native.table is None or not layout_is_supported():
             return slow
         fill_runtime_table(native.table)
-        entry, definition = make_builtin(plan.entry_symbol, native.entry)
-        self._method_defs.append(definition)
+        entry = make_builtin(plan.entry_symbol, native.entry)
         wrapper = _fast_wrapper(slow, entry, self)
         # What users call: the native keyword front, falling back to `wrapper`.
-        front, definition = make_builtin(slow.name, native.call, self_object=wrapper,
-                                         keywords=True, doc=_text_signature(wrapper))
-        self._method_defs.append(definition)
-        return front
+        return make_builtin(slow.name, native.call, self_object=wrapper, keywords=True,
+                            doc=_text_signature(wrapper))
 
     def profile_address(self, plan: KernelPlan) -> int | None:
         """Address of the kernel's cycle counters (compiled with TILEGEN_PROFILE=1)."""
