@@ -105,9 +105,11 @@ def test_a_temporary_shared_by_all_rows_blocks_the_split():
 
 
 def test_a_row_private_temporary_splits():
+    """Three steps; the first (a cheap row of t) and the second (its sum) are then joined
+    again as producer and row reduction, so two nests remain."""
     kernel = parse_kernel(_ROW_PRIVATE)
     split = fission_pass(kernel)
-    assert len(split.body) == 3
+    assert len(split.body) == 2
     assert [b.name for b in split.buffers if b.name not in ("x", "t", "out0")] == ["s_rows"]
     assert split.buffer("s_rows").shape == (4,)
     assert parse_kernel(L.format_kernel(split)) == split
@@ -130,4 +132,58 @@ def test_id_checks_stay_in_one_nest():
 }
 """
     kernel = parse_kernel(text)
+    assert fission_pass(kernel) == kernel
+
+
+def test_a_row_reduction_joins_the_nest_that_produced_the_row():
+    """scores = a @ b * 0.5, then softmax: the row max is taken in the scores nest, right
+    after each row is stored (no second pass over the scores); the exp step is not merged
+    into anything."""
+    source = (f"fn f(a: {_ty((20, 6))}, b: {_ty((6, 30))}) -> {_ty((20, 30))} "
+              f"{{ return softmax(mul(matmul(a, b), 0.5), axis=1); }}")
+    module = compile_program(program_from_text(source, "scores.kina"))
+    kernel = module.plans["f"].kernel
+    first = kernel.body[0]
+    assert isinstance(first, L.For) and isinstance(first.body[0], L.For)
+    row = first.body
+    assert isinstance(row[0], L.For) and any(
+        isinstance(s, (L.Let, L.Store)) and L.contains(s.value, (L.Reduce,))
+        and s.value.op == "maxnum" for s in row[1:] if isinstance(s.value, L.Reduce))
+    assert len(kernel.body) == 4  # scores + max, exp, sum and 1/sum, scale
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((20, 6)).astype(np.float32)
+    b = rng.standard_normal((6, 30)).astype(np.float32)
+    scores = (a.astype(np.float64) @ b) * 0.5
+    np.testing.assert_allclose(module.f(a, b), _reference("softmax", scores, 1), rtol=2e-6,
+                               atol=1e-7)
+
+
+_PRODUCER_THEN_REDUCTION = """kernel @f
+  input  x: f32[4x8]
+  temp   t: f32[4x8]
+  output out0: f32[4]
+{
+  for i in 0..4 {
+    for j in 0..8 {
+      t[i, j] = (x[i, j] * 2.0:f32)
+    }
+  }
+  for r in 0..4 {
+    out0[r] = sum[k < 8](READ)
+  }
+}
+"""
+
+
+def test_a_reduction_of_its_own_row_merges():
+    kernel = parse_kernel(_PRODUCER_THEN_REDUCTION.replace("READ", "t[r, k]"))
+    merged = fission_pass(kernel)
+    assert len(merged.body) == 1
+    assert "out0[i] = sum[k < 8](t[i, k])" in L.format_kernel(merged)
+
+
+@pytest.mark.parametrize("read", ["t[((r + 1) % 4), k]", "t[0, k]"])
+def test_a_reduction_of_another_row_stays_apart(read):
+    """Row r + 1 (or row 0) is not written yet when row r would run its reduction."""
+    kernel = parse_kernel(_PRODUCER_THEN_REDUCTION.replace("READ", read))
     assert fission_pass(kernel) == kernel
