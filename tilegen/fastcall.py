@@ -178,6 +178,8 @@ def build_keyword_entry(module: ir.Module, kernel: L.Kernel, entry: ir.Function,
     table = declare_runtime_table(module)
     fnty = ir.FunctionType(PTR, [PTR, PTR, I64, PTR])
     front = ir.Function(module, fnty, symbol)
+    # Like the entry: a few straight-line checks that are not worth LLVM's O3 time.
+    front.attributes.add("optnone")
     front.attributes.add("noinline")
     wrapper, args, nargsf, kwnames = front.args
     b = ir.IRBuilder(front.append_basic_block("entry"))

@@ -24,6 +24,8 @@ from . import loopir as L
 # buffers the pass reads and writes fit in this CPU's 1 MB L2 (each step re-reads them).
 MAX_ROW_EXTENT = 128
 MAX_TOUCHED_BYTES = 1 << 20
+# With fewer rows there is little to overlap, and each split step costs compile time.
+MIN_ROWS = 16
 _ELEMENT_BYTES = {L.F32: 4, L.F64: 8, L.I64: 8, L.BOOL: 1}
 
 
@@ -155,6 +157,11 @@ def _steps(body: tuple[L.Stmt, ...]) -> list[list[L.Stmt]]:
 
 
 def _pays(loops: list[L.For], kernel: L.Kernel) -> bool:
+    rows = 1
+    for loop in loops:
+        rows *= loop.extent
+    if rows < MIN_ROWS:
+        return False
     body = loops[-1].body
     for stmt in L.statements(body):
         if isinstance(stmt, L.Gemm):
