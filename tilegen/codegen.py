@@ -24,7 +24,6 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
 SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL: I1}
-ELEMENT_BYTES = {L.F32: 4, L.F64: 8, L.I64: 8}
 
 # Static reduction loops, innermost loops and runs of vector tiles with at most this many
 # trips are unrolled as they are emitted.
@@ -240,7 +239,7 @@ class KernelCodegen:
         for buffer in self.kernel.buffers:
             if buffer.role != "temp":
                 continue
-            nbytes = buffer.size * ELEMENT_BYTES[buffer.dtype]
+            nbytes = buffer.nbytes
             if nbytes <= STACK_TEMP_BYTES:
                 slot = self.b.alloca(SCALAR_LLVM[buffer.dtype],
                                      size=ir.Constant(I64, buffer.size),
@@ -669,10 +668,10 @@ class KernelCodegen:
         if plan[0] == "contiguous":
             pointer = self._element_pointer(buffer, plan[1])
             if mask is None:
-                return Val(self.b.load(pointer, typ=vtype, align=ELEMENT_BYTES[buffer.dtype]),
+                return Val(self.b.load(pointer, typ=vtype, align=L.ELEMENT_BYTES[buffer.dtype]),
                            True)
             intrinsic = self._intrinsic("llvm.masked.load", vtype, [PTR, I32, mask.type, vtype])
-            return Val(self.b.call(intrinsic, [pointer, ir.Constant(I32, ELEMENT_BYTES[
+            return Val(self.b.call(intrinsic, [pointer, ir.Constant(I32, L.ELEMENT_BYTES[
                 buffer.dtype]), mask, ir.Constant(vtype, None)]), True)
         offsets = self._lane_offsets(plan[1], plan[2]) if plan[0] == "strided" else plan[1]
         return Val(self._gather(buffer, offsets, vtype), True)
@@ -684,7 +683,7 @@ class KernelCodegen:
             ir.VectorType(I1, width), [1] * width)
         intrinsic = self._intrinsic("llvm.masked.gather", vtype,
                                     [ir.VectorType(PTR, width), I32, mask.type, vtype])
-        return self.b.call(intrinsic, [pointers, ir.Constant(I32, ELEMENT_BYTES[buffer.dtype]),
+        return self.b.call(intrinsic, [pointers, ir.Constant(I32, L.ELEMENT_BYTES[buffer.dtype]),
                                        mask, ir.Constant(vtype, None)])
 
     def _store(self, store: L.Store) -> None:
@@ -704,11 +703,11 @@ class KernelCodegen:
         if plan[0] == "contiguous":
             pointer = self._element_pointer(buffer, plan[1])
             if mask is None:
-                self.b.store(vector, pointer, align=ELEMENT_BYTES[buffer.dtype])
+                self.b.store(vector, pointer, align=L.ELEMENT_BYTES[buffer.dtype])
                 return
             intrinsic = self._intrinsic("llvm.masked.store", None,
                                         [vtype, PTR, I32, mask.type], overload=(vtype,))
-            self.b.call(intrinsic, [vector, pointer, ir.Constant(I32, ELEMENT_BYTES[
+            self.b.call(intrinsic, [vector, pointer, ir.Constant(I32, L.ELEMENT_BYTES[
                 buffer.dtype]), mask])
             return
         offsets = (self._lane_offsets(plan[1], plan[2]) if plan[0] == "strided" else plan[1])
@@ -717,7 +716,7 @@ class KernelCodegen:
         intrinsic = self._intrinsic("llvm.masked.scatter", None,
                                     [vtype, ir.VectorType(PTR, width), I32, mask.type],
                                     overload=(vtype,))
-        self.b.call(intrinsic, [vector, pointers, ir.Constant(I32, ELEMENT_BYTES[buffer.dtype]),
+        self.b.call(intrinsic, [vector, pointers, ir.Constant(I32, L.ELEMENT_BYTES[buffer.dtype]),
                                 mask])
 
     # ---- expressions --------------------------------------------------------------------------
@@ -941,11 +940,7 @@ class KernelCodegen:
         float_max = reduce.op == "max" and dtype in L.FLOAT_TYPES
 
         def tile(base, mask, carried, tile_width=width):
-            if carried is None:  # the first tile of a sum starts the accumulator itself
-                carried = [init]
-                first = True
-            else:
-                first = False
+            """One tile folded into `carried`; None: the tile starts the accumulator."""
             saved = self.lane
             self.lane = _Lane(reduce.var.name, tile_width, base, mask)
             self._push()
@@ -961,7 +956,7 @@ class KernelCodegen:
                     value = self.b.shuffle_vector(value, fill, ir.Constant(
                         ir.VectorType(ir.IntType(32), width),
                         [min(lane, tile_width) for lane in range(width)]))
-            if first:
+            if carried is None:
                 # 0 + x is x (a -0 stays -0, as numpy's sum keeps it): skip the add.
                 # maxnum's first combine stays: it is what keeps NaN out of the accumulator.
                 combined = [value]

@@ -47,7 +47,6 @@ ARGUMENTS_OFFSET_BIT = 1 << 63
 # Kernels estimated above this many element operations release the GIL while they run.
 RELEASE_GIL_WORK = 200_000
 
-_ELEMENT_BYTES = {L.F32: 4, L.F64: 8, L.I64: 8}
 
 
 def _accepted_type_nums(dtype: str) -> tuple[int, ...]:
@@ -75,6 +74,13 @@ def _field(b: ir.IRBuilder, obj: ir.Value, offset: int, ty) -> ir.Value:
     return b.load(b.gep(obj, [ir.Constant(I64, offset)], source_etype=I8), typ=ty)
 
 
+def _require(b: ir.IRBuilder, fallback: ir.Block, condition: ir.Value, name: str) -> None:
+    """Continue in a new block `name` when `condition` holds, else go to `fallback`."""
+    passed = b.function.append_basic_block(name)
+    b.cbranch(condition, passed, fallback)
+    b.position_at_end(passed)
+
+
 def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
                 symbol: str) -> ir.Function:
     table = declare_runtime_table(module)
@@ -97,9 +103,7 @@ def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
         return _field(b, obj, offset, ty)
 
     def require(condition, name):
-        passed = entry.append_basic_block(name)
-        b.cbranch(condition, passed, fallback)
-        b.position_at_end(passed)
+        _require(b, fallback, condition, name)
 
     names = list(kernel.inputs) + list(kernel.outputs)
     require(b.icmp_signed("==", nargs, ir.Constant(I64, len(names))), "arity")
@@ -136,7 +140,7 @@ def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
         require(ok, f"array.{position}")
         data = field(obj, ARRAY_DATA, PTR)
         data_pointers.append(data)
-        extents.append(buffer.size * _ELEMENT_BYTES[buffer.dtype])
+        extents.append(buffer.nbytes)
     # Outputs must not overlap any other buffer (they are declared noalias to LLVM).
     starts = b.alloca(I64, size=ir.Constant(I64, len(names)))
     starts.type = PTR
@@ -186,9 +190,7 @@ def build_keyword_entry(module: ir.Module, kernel: L.Kernel, entry: ir.Function,
     fallback = front.append_basic_block("fallback")
 
     def require(condition, name):
-        passed = front.append_basic_block(name)
-        b.cbranch(condition, passed, fallback)
-        b.position_at_end(passed)
+        _require(b, fallback, condition, name)
 
     inputs, outputs = len(kernel.inputs), len(kernel.outputs)
     nargs = b.and_(nargsf, ir.Constant(I64, ARGUMENTS_OFFSET_BIT - 1))

@@ -16,6 +16,7 @@ core busy, and a row that stays in L1 between steps is worth more than the overl
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from . import loopir as L
@@ -26,7 +27,6 @@ MAX_ROW_EXTENT = 128
 MAX_TOUCHED_BYTES = 1 << 20
 # With fewer rows there is little to overlap, and each split step costs compile time.
 MIN_ROWS = 16
-_ELEMENT_BYTES = {L.F32: 4, L.F64: 8, L.I64: 8, L.BOOL: 1}
 
 
 def fission_pass(kernel: L.Kernel) -> L.Kernel:
@@ -54,7 +54,7 @@ def _with_row_reduction(producer: L.Stmt, consumer: L.Stmt,
     exp/log/tanh: a row whose values are that expensive is a long chain already, and the
     reduction after it is better left to a pass of its own (measured on StoryLM-0: scores
     then max fused, ~3 % faster; exp then sum fused, ~8 % slower)."""
-    producer_loops = _perfect_loops(producer)
+    producer_loops = L.perfect_nest(producer)
     if len(producer_loops) < 2:
         return None
     rows, inner = producer_loops[:-1], producer_loops[-1]
@@ -66,7 +66,7 @@ def _with_row_reduction(producer: L.Stmt, consumer: L.Stmt,
            for e in L.subexpressions(store.value)) or \
             L.contains(store.value, (L.CheckedId,)):
         return None
-    consumer_loops = _perfect_loops(consumer)
+    consumer_loops = L.perfect_nest(consumer)
     if [loop.extent for loop in consumer_loops] != [loop.extent for loop in rows]:
         return None
     statements = consumer_loops[-1].body
@@ -100,21 +100,9 @@ def _with_row_reduction(producer: L.Stmt, consumer: L.Stmt,
     return _wrap(rows, (inner, *statements))
 
 
-def _perfect_loops(stmt: L.Stmt) -> list[L.For]:
-    """The serial loops of `stmt` down to the first one whose body is not a single loop."""
-    loops: list[L.For] = []
-    inner = stmt
-    while isinstance(inner, L.For) and inner.kind == "serial":
-        loops.append(inner)
-        if len(inner.body) != 1 or not isinstance(inner.body[0], L.For):
-            break
-        inner = inner.body[0]
-    return loops
-
-
 def _split_nest(stmt: L.Stmt, kernel: L.Kernel, temps: list[L.Buffer],
                 taken: set[str]) -> list[L.Stmt]:
-    loops = _perfect_loops(stmt)
+    loops = L.perfect_nest(stmt)
     if not loops or len(loops[-1].body) < 2:
         return [stmt]
     steps = _steps(loops[-1].body)
@@ -157,10 +145,7 @@ def _steps(body: tuple[L.Stmt, ...]) -> list[list[L.Stmt]]:
 
 
 def _pays(loops: list[L.For], kernel: L.Kernel) -> bool:
-    rows = 1
-    for loop in loops:
-        rows *= loop.extent
-    if rows < MIN_ROWS:
+    if math.prod(loop.extent for loop in loops) < MIN_ROWS:
         return False
     body = loops[-1].body
     for stmt in L.statements(body):
@@ -177,8 +162,7 @@ def _pays(loops: list[L.For], kernel: L.Kernel) -> bool:
             touched.add(stmt.buffer)
         if not isinstance(stmt, L.For):
             touched |= {load.buffer for load in _loads(stmt.value)}
-    total = sum(kernel.buffer(name).size * _ELEMENT_BYTES[kernel.buffer(name).dtype]
-                for name in touched)
+    total = sum(kernel.buffer(name).nbytes for name in touched)
     return total <= MAX_TOUCHED_BYTES
 
 

@@ -23,6 +23,8 @@ UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh")
 # `maxnum` ignores NaN (for row maxima whose NaNs surface anyway, as in softmax); `max`
 # returns NaN when any element is NaN, like numpy.
 REDUCE_OPS = ("sum", "max", "maxnum", "argmax")
+# Bytes per element of a buffer.
+ELEMENT_BYTES = {F32: 4, F64: 8, I64: 8}
 
 
 class Expr:
@@ -232,6 +234,10 @@ class Buffer:
             total *= dim
         return total
 
+    @property
+    def nbytes(self) -> int:
+        return self.size * ELEMENT_BYTES[self.dtype]
+
 
 @dataclass(frozen=True)
 class CheckSite:
@@ -367,6 +373,18 @@ def substitute(expr: Expr, values: dict[str, Expr]) -> Expr:
     if isinstance(expr, Var):
         return values.get(expr.name, expr)
     return map_children(expr, lambda child: substitute(child, values))
+
+
+def perfect_nest(stmt: Stmt) -> list[For]:
+    """The serial loops of `stmt` down to the first one whose body is not a single loop."""
+    loops: list[For] = []
+    inner = stmt
+    while isinstance(inner, For) and inner.kind == "serial":
+        loops.append(inner)
+        if len(inner.body) != 1 or not isinstance(inner.body[0], For):
+            break
+        inner = inner.body[0]
+    return loops
 
 
 def statements(stmts):

@@ -68,15 +68,11 @@ def _defer(stmt: L.Stmt, later: list[L.Stmt], kernel: L.Kernel) -> list[L.Stmt] 
 
 def _scaling(stmt: L.Stmt, kernel: L.Kernel):
     """(buffer, {row var: axis}, scaled axis, scale) when `stmt` is a row-scaling nest."""
-    loops = []
-    inner = stmt
-    while isinstance(inner, L.For) and inner.kind == "serial":
-        loops.append(inner.var.name)
-        if len(inner.body) != 1:
-            return None
-        inner = inner.body[0]
-    if len(loops) < 2 or not isinstance(inner, L.Store):
+    nest = L.perfect_nest(stmt)
+    if len(nest) < 2 or len(nest[-1].body) != 1 or not isinstance(nest[-1].body[0], L.Store):
         return None
+    loops = [loop.var.name for loop in nest]
+    inner = nest[-1].body[0]
     buffer = kernel.buffer(inner.buffer)
     value = inner.value
     if buffer.role != "temp" or not isinstance(value, L.Binary) or value.op != "mul":
