@@ -127,6 +127,7 @@ def test_every_call_form_of_the_native_front(module):
     """The function handed out is a native builtin that runs `f(*inputs, out=...)` itself
     and gives every other form to the Python wrapper: each form returns the same values,
     and no call leaks or drops a reference (out arrays, None, the inputs)."""
+    import gc
     import inspect
     import sys
 
@@ -146,11 +147,19 @@ def test_every_call_form_of_the_native_front(module):
         result = form()
         for got, expected in zip(result, want, strict=True):
             np.testing.assert_array_equal(got, expected)
-    counts = [sys.getrefcount(o) for o in (x, out, out[0], out[1], None)]
-    for _ in range(2000):
-        for form in forms:
-            form()
-    assert [sys.getrefcount(o) for o in (x, out, out[0], out[1], None)] == counts
+    # Garbage left by earlier tests holds references to None too: collect it first, and
+    # keep the collector from freeing more of it in the middle of the count.
+    gc.collect()
+    gc.disable()
+    try:
+        counts = [sys.getrefcount(o) for o in (x, out, out[0], out[1], None)]
+        for _ in range(2000):
+            for form in forms:
+                form()
+        after = [sys.getrefcount(o) for o in (x, out, out[0], out[1], None)]
+    finally:
+        gc.enable()
+    assert after == counts
     result = twice(x, out=out)
     assert result is out  # one tuple: handed back as given
     single = np.empty((2, 3, 4), np.float32)
