@@ -23,7 +23,7 @@ from .fastcall import build_entry, build_keyword_entry
 from .fission import fission_pass
 from .lower import lower_function
 from .rowscale import defer_row_scaling
-from .schedule import parallelize_pass, vectorize_pass
+from .schedule import parallelize_pass, thread_interchange_pass, vectorize_pass
 from .target import LLVM_LOCK, optimize, target_machine, triple
 from .vecmath import MathLibrary
 
@@ -35,6 +35,8 @@ CALL_PREFIX = "kina_call_"
 SCHEDULE_PASSES = (
     ("fission", lambda kernel, options: fission_pass(kernel)),
     ("defer-row-scaling", lambda kernel, options: defer_row_scaling(kernel)),
+    ("thread-interchange",
+     lambda kernel, options: thread_interchange_pass(kernel, options.num_threads)),
     ("vectorize", lambda kernel, options: vectorize_pass(kernel)),
     ("parallelize", lambda kernel, options: parallelize_pass(kernel, options.num_threads)),
 )

@@ -1,10 +1,15 @@
-"""Scheduling passes over loop-nest IR: choose which loops run in vector tiles.
+"""Scheduling passes over loop-nest IR: choose which loops run in vector tiles and threads.
 
 `vectorize_pass`: the innermost loop that stores contiguously along its index (or an outer
 loop below which everything stores and reads contiguously along it) is split into
 `width`-lane tiles (16 x f32 / 8 x f64 on AVX-512) with a masked tail; a reduction
 that is not inside a vector loop and reads contiguously along its own index is run in
 vector tiles with a horizontal combine at the end (the row passes of softmax).
+
+`parallelize_pass` splits a large nest's outer loop across threads, only when the dependence
+test (`tilegen/dependence.py`) proves its iterations touch disjoint elements;
+`thread_interchange_pass` first moves an independent inner loop outwards where the outer
+loop carries a dependence (scatter_add's positions adding into one row).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import replace
 
 from . import loopir as L
 from .affine import to_affine
+from .dependence import gemm_split_is_safe, independent
 
 # Loops shorter than this stay scalar: a masked tile would be mostly idle lanes.
 MIN_VECTOR_EXTENT = {L.F32: 8, L.F64: 4, L.I64: 4}
@@ -36,19 +42,76 @@ PARALLEL_WORK = 1 << 18
 
 
 def parallelize_pass(kernel: L.Kernel, threads: int) -> L.Kernel:
-    """The outermost loop of each large top-level nest is split across `threads`."""
+    """The outermost loop of each large top-level nest is split across `threads` when no two
+    of its iterations touch one element with a write; a Gemm whose operands read its own
+    output (which another thread may already have overwritten) runs on one thread."""
     if threads <= 1:
         return kernel
     body = []
     for stmt in kernel.body:
         if isinstance(stmt, L.For) and stmt.kind == "serial" and stmt.extent >= 2 \
-                and L.work([stmt]) >= PARALLEL_WORK:
+                and L.work([stmt]) >= PARALLEL_WORK and independent(stmt, stmt.var.name):
             stmt = replace(stmt, kind="parallel", width=threads)
         elif isinstance(stmt, L.For) and stmt.kind == "vector" and \
-                stmt.extent >= 2 * stmt.width and L.work([stmt]) >= PARALLEL_WORK:
+                stmt.extent >= 2 * stmt.width and L.work([stmt]) >= PARALLEL_WORK and \
+                independent(stmt, stmt.var.name):
             stmt = replace(stmt, threads=threads)  # whole tiles per thread
+        elif isinstance(stmt, L.Gemm) and stmt.threads > 1 and not gemm_split_is_safe(stmt):
+            stmt = replace(stmt, threads=1)
         body.append(stmt)
     return replace(kernel, body=tuple(body))
+
+
+def thread_interchange_pass(kernel: L.Kernel, threads: int) -> L.Kernel:
+    """A large nest whose outer loop carries a dependence gets an inner loop that is
+    independent across the whole nest as its outermost loop, when that loop will run in
+    vector tiles enough for every thread: scatter_add's `for p { let row = ids[p]; for j {
+    out[row, j] += u[p, j] } }` (two positions may name one row) becomes `for j { for p {
+    ... } }`, whose tiles of columns the threads then split. Each element still receives its
+    additions in position order, so the result is bit-identical to one thread's (per-thread
+    partial tables would change the order of the sums, and cost a table per thread)."""
+    if threads <= 1:
+        return kernel
+    strides = {b.name: b.strides for b in kernel.buffers}
+    body = []
+    for stmt in kernel.body:
+        if isinstance(stmt, L.For) and stmt.kind == "serial" and \
+                L.work([stmt]) >= PARALLEL_WORK and not independent(stmt, stmt.var.name):
+            stmt = _independent_loop_outside(stmt, strides) or stmt
+        body.append(stmt)
+    return replace(kernel, body=tuple(body))
+
+
+def _independent_loop_outside(nest: L.For, strides) -> L.For | None:
+    """`nest` with the first inner loop that is independent across it moved outermost, or
+    None. Only loops reached through bodies of lets and one loop qualify (anything else
+    around them would run once per iteration of the moved loop)."""
+    path = [nest]
+    while True:
+        inner = [s for s in path[-1].body if isinstance(s, L.For)]
+        if len(inner) != 1 or not all(isinstance(s, (L.Let, L.For)) for s in path[-1].body):
+            return None
+        (candidate,) = inner
+        if candidate.kind == "serial" and independent(nest, candidate.var.name):
+            moved = replace(candidate, body=(_without(nest, candidate),))
+            width = _loop_width(moved, strides)
+            if width and candidate.extent >= 2 * width:
+                return moved
+            return None
+        path.append(candidate)
+
+
+def _without(nest: L.For, loop: L.For) -> L.For:
+    """`nest` with `loop` replaced by its body (the loop moves outside)."""
+    body = []
+    for stmt in nest.body:
+        if stmt is loop:
+            body.extend(loop.body)
+        elif isinstance(stmt, L.For):
+            body.append(_without(stmt, loop))
+        else:
+            body.append(stmt)
+    return replace(nest, body=tuple(body))
 
 
 def vectorize_pass(kernel: L.Kernel) -> L.Kernel:
