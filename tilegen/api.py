@@ -40,7 +40,7 @@ def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
              names: tuple[str, ...] | None = None) -> CompiledModule:
     settings = config.load()
     key = cache_key(name, f"{text}\0{names}", settings, jit)
-    if output is None:
+    if output is None and settings.memory_cache_entries:
         cached = MEMORY.get(key)
         if cached is not None:
             return cached
@@ -55,5 +55,5 @@ def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
     else:
         module = aot_module(plans, settings.profile, keep_path=output)
     if output is None:
-        MEMORY.put(key, module)
+        MEMORY.put(key, module, settings.memory_cache_entries)
     return module
