@@ -5,6 +5,8 @@ TILEGEN_CACHE_DIR    opt-in on-disk cache of compiled object code (unset: memory
 TILEGEN_PROFILE      1: count cycles per top-level loop nest (see tilegen.profile)
 TILEGEN_AUTOTUNE     1: time matmul tile candidates once per shape and keep the fastest
                      (default 0: the deterministic default tiles, no timing at compile)
+TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlined
+                     (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+
+from kina_frontend.transforms import MAX_INLINED_OPS
 
 MEMORY_CACHE_ENTRIES = 32
 
@@ -25,6 +29,7 @@ class Config:
     autotune: bool
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
+    max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
 
 
 def _int(name: str, default: int, minimum: int = 1) -> int:
@@ -57,4 +62,5 @@ def load() -> Config:
                   profile=_flag("TILEGEN_PROFILE", False),
                   autotune=_flag("TILEGEN_AUTOTUNE", False),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
-                                            minimum=0))
+                                            minimum=0),
+                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))
