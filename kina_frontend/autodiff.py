@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .diagnostics import KinaError, Span
+from .names import NameSupply
 from .ops import REGISTRY
 from .tensor_ir import Function, Operation, Program, Value, make_attrs
 from .transforms import inline_calls
@@ -53,17 +54,12 @@ class Builder:
 
     def __init__(self, used_names: set[str]):
         self.ops: list[Operation] = []
-        self._used = set(used_names)
+        self._names = NameSupply(used_names)
         self.hint = "g"  # base of the next result names (the driver sets it per rule)
         self.span: Span | None = None  # source span stamped on emitted operations
 
     def fresh(self, hint: str) -> str:
-        name, suffix = hint, 1
-        while name in self._used:
-            name = f"{hint}.{suffix}"
-            suffix += 1
-        self._used.add(name)
-        return name
+        return self._names.fresh(hint)
 
     def emit(self, opname: str, *operands: Value, **attrs) -> Value:
         """Append `opname(operands) {attrs}`; returns its (single) result."""

@@ -16,6 +16,7 @@ import sympy
 
 from . import ast
 from .diagnostics import KinaError, Span
+from .names import NameSupply
 from .ops import REGISTRY, OpDef
 from .tensor_ir import Function, Operation, Program, Value, make_attrs
 from .types import (
@@ -72,7 +73,7 @@ class _FunctionScope:
     is_main: bool
     env: dict[str, Value] = field(default_factory=dict)
     body: list[Operation] = field(default_factory=list)
-    used_names: set[str] = field(default_factory=set)
+    names: NameSupply = field(default_factory=NameSupply)
     temp_counter: int = 0
     placeholders: int = 0
     calls: list[tuple[str, Span]] = field(default_factory=list)
@@ -81,12 +82,7 @@ class _FunctionScope:
         base = hint or f"t{self.temp_counter}"
         if hint is None:
             self.temp_counter += 1
-        name, suffix = base, 1
-        while name in self.used_names:
-            name = f"{base}.{suffix}"
-            suffix += 1
-        self.used_names.add(name)
-        return name
+        return self.names.fresh(base)
 
 
 class _Checker:
@@ -227,7 +223,7 @@ class _Checker:
                 raise KinaError("name", f"parameter '{param.name}' has the name of a function",
                                 param_decl.name.span, ("rename the parameter",))
             scope.env[param.name] = param
-            scope.used_names.add(param.name)
+            scope.names.add(param.name)
         results: tuple[Value, ...] | None = None
         for statement in decl.body:
             if results is not None:

@@ -80,10 +80,15 @@ class Program:
     functions: tuple[Function, ...]
 
     def function(self, name: str) -> Function:
-        for function in self.functions:
-            if function.name == name:
-                return function
-        raise KeyError(name)
+        # An index built on first use (a scan per lookup made inlining a chain of n calls
+        # O(n^2)); kept in __dict__ as a cache, not a field, so equality ignores it.
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = {}
+            for function in self.functions:
+                index.setdefault(function.name, function)  # the first of a name wins
+            self.__dict__["_index"] = index
+        return index[name]
 
     @property
     def function_names(self) -> tuple[str, ...]:

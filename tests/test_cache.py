@@ -66,6 +66,27 @@ def test_memory_cache_returns_the_same_module(monkeypatch):
     assert compile_source(SOURCE, "memory.kina") is not first
 
 
+def test_memory_cache_keeps_at_most_its_bound(monkeypatch):
+    """TILEGEN_MEMORY_CACHE bounds the modules kept (least recently used dropped first); 0
+    keeps none. Compiling is lazy (LLVM runs on first call), so these compiles are cheap."""
+    monkeypatch.delenv("TILEGEN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TILEGEN_MEMORY_CACHE", "3")
+    cache.MEMORY.clear()
+    try:
+        modules = [compile_source(SOURCE, f"bound{n}.kina") for n in range(5)]
+        assert len(cache.MEMORY.entries) == 3
+        assert compile_source(SOURCE, "bound4.kina") is modules[4]
+        assert compile_source(SOURCE, "bound2.kina") is modules[2]
+        assert compile_source(SOURCE, "bound0.kina") is not modules[0]  # dropped
+        monkeypatch.setenv("TILEGEN_MEMORY_CACHE", "0")
+        first = compile_source(SOURCE, "off.kina")
+        assert compile_source(SOURCE, "off.kina") is not first
+        assert len(cache.MEMORY.entries) == 0
+    finally:
+        cache.MEMORY.clear()
+        cache.MEMORY.capacity = cache.MEMORY_CACHE_ENTRIES
+
+
 def test_disk_cache_skips_the_frontend_in_a_new_process(tmp_path):
     cold = _run(tmp_path)
     warm = _run(tmp_path)

@@ -9,7 +9,7 @@ from kina_frontend.tensor_ir import format_program
 
 from . import config
 from .cache import MEMORY, DiskCache, cache_key
-from .pipeline import plan_program
+from .pipeline import PlanTable, plan_program
 from .runtime import CompiledModule, aot_module, jit_module
 
 
@@ -40,13 +40,16 @@ def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
              names: tuple[str, ...] | None = None) -> CompiledModule:
     settings = config.load()
     key = cache_key(name, f"{text}\0{names}", settings, jit)
-    if output is None:
+    if output is None and settings.memory_cache_entries:
         cached = MEMORY.get(key)
         if cached is not None:
             return cached
     disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
     plans = disk.load_plans(key) if disk is not None else None
-    if plans is None:
+    if plans is None and jit and output is None and disk is None:
+        # Each function planned on first use; size and autodiff diagnostics raise here.
+        plans = PlanTable(frontend(), names, settings)
+    elif plans is None:
         plans = plan_program(frontend(), names, settings)
         if disk is not None:
             disk.store_plans(key, plans)
@@ -55,5 +58,5 @@ def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
     else:
         module = aot_module(plans, settings.profile, keep_path=output)
     if output is None:
-        MEMORY.put(key, module)
+        MEMORY.put(key, module, settings.memory_cache_entries)
     return module

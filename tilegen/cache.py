@@ -26,9 +26,9 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 
+from .config import MEMORY_CACHE_ENTRIES
 from .target import compiler_identity
 
-MEMORY_ENTRIES = 32
 _FORMAT = "tilegen-cache-v1"
 
 
@@ -53,10 +53,12 @@ def cache_key(source_name: str, source_text: str, options, jit: bool) -> str:
 
 
 class MemoryCache:
-    """A small LRU of compiled modules (bounded, so compile/discard loops cannot grow the
-    process without limit)."""
+    """A small LRU of compiled modules, bounded by count (TILEGEN_MEMORY_CACHE, default 32)
+    so compile/discard loops cannot grow the process without limit. A module's size is not
+    known when it is stored (its machine code and heap blocks appear on first call), hence
+    a count rather than bytes."""
 
-    def __init__(self, capacity: int = MEMORY_ENTRIES):
+    def __init__(self, capacity: int = MEMORY_CACHE_ENTRIES):
         self.capacity = capacity
         self.entries: OrderedDict[str, object] = OrderedDict()
         self.lock = threading.Lock()
@@ -68,8 +70,12 @@ class MemoryCache:
                 self.entries.move_to_end(key)
             return module
 
-    def put(self, key: str, module) -> None:
+    def put(self, key: str, module, capacity: int | None = None) -> None:
+        """Store `module`; `capacity` (the current TILEGEN_MEMORY_CACHE) replaces the bound
+        when given."""
         with self.lock:
+            if capacity is not None:
+                self.capacity = capacity
             self.entries[key] = module
             self.entries.move_to_end(key)
             while len(self.entries) > self.capacity:

@@ -5,12 +5,20 @@ TILEGEN_CACHE_DIR    opt-in on-disk cache of compiled object code (unset: memory
 TILEGEN_PROFILE      1: count cycles per top-level loop nest (see tilegen.profile)
 TILEGEN_AUTOTUNE     1: time matmul tile candidates once per shape and keep the fastest
                      (default 0: the deterministic default tiles, no timing at compile)
+TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlined
+                     (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
+TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
+                     dropped first (default 32; 0 turns it off)
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from kina_frontend.transforms import MAX_INLINED_OPS
+
+MEMORY_CACHE_ENTRIES = 32
 
 
 @dataclass(frozen=True)
@@ -19,9 +27,12 @@ class Config:
     cache_dir: str | None
     profile: bool
     autotune: bool
+    # Not part of what a compile produces, so kept out of repr (the cache key).
+    memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
+    max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
 
 
-def _int(name: str, default: int) -> int:
+def _int(name: str, default: int, minimum: int = 1) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -29,8 +40,8 @@ def _int(name: str, default: int) -> int:
         value = int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"{name}={raw!r} must be at least 1")
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r} must be at least {minimum}")
     return value
 
 
@@ -49,4 +60,7 @@ def load() -> Config:
     return Config(num_threads=_int("TILEGEN_NUM_THREADS", cores),
                   cache_dir=os.environ.get("TILEGEN_CACHE_DIR") or None,
                   profile=_flag("TILEGEN_PROFILE", False),
-                  autotune=_flag("TILEGEN_AUTOTUNE", False))
+                  autotune=_flag("TILEGEN_AUTOTUNE", False),
+                  memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
+                                            minimum=0),
+                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))

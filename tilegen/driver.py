@@ -92,7 +92,9 @@ def _run_main(program: Program, seed: int) -> int:
     main = program.main
     if main is None:
         raise KinaError("name", "--run needs an @main function", None)
-    inlined = inline_calls(program, main)
+    from . import config
+
+    inlined = inline_calls(program, main, config.load().max_inlined_ops)
     inputs = placeholder_values(inlined, seed)
     module = compile_program(program, names=(main.name,))
     started = time.perf_counter()

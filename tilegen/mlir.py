@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kina_frontend.diagnostics import KinaError
+from kina_frontend.names import NameSupply
 from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation, Program
 from kina_frontend.transforms import inline_calls, placeholders_to_params
@@ -178,19 +179,13 @@ class FunctionEmitter:
         self.function = function
         self.lines: list[str] = []
         self.current: Operation | None = None
-        self._used: set[str] = set()
+        self._names = NameSupply(separator="_")
         self._constants: dict[tuple[str, str], str] = {}
 
     # ---- names and lines ----------------------------------------------------------------------
 
     def fresh(self, hint: str) -> str:
-        base = _ssa_hint(hint)
-        name, counter = base, 0
-        while name in self._used:
-            counter += 1
-            name = f"{base}_{counter}"
-        self._used.add(name)
-        return "%" + name
+        return "%" + self._names.fresh(_ssa_hint(hint))
 
     def out(self, index: int = 0) -> str:
         """The name hint for the current operation's result `index` (its Kina name)."""

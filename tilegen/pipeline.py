@@ -6,14 +6,21 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from kina_frontend.autodiff import gradient_function
 from kina_frontend.diagnostics import KinaError
 from kina_frontend.tensor_ir import Function, Program
-from kina_frontend.transforms import prepare_for_codegen, project_before_gather
+from kina_frontend.transforms import (
+    check_inlined_size,
+    prepare_for_codegen,
+    project_before_gather,
+)
 
 from . import config
 from . import loopir as L
@@ -80,8 +87,9 @@ class KernelPlan:
         return "\n".join(lines)
 
 
-def prepare(program: Program, name: str) -> Function:
-    return project_before_gather(prepare_for_codegen(program, name))
+def prepare(program: Program, name: str, options: Config | None = None) -> Function:
+    options = options or config.load()
+    return project_before_gather(prepare_for_codegen(program, name, options.max_inlined_ops))
 
 
 def lower(function: Function, options: Config) -> L.Kernel:
@@ -94,16 +102,53 @@ def schedule(kernel: L.Kernel, options: Config) -> L.Kernel:
     return kernel
 
 
+class PlanTable(Mapping[str, KernelPlan]):
+    """The kernel plans of a program's functions by name, each planned on first use.
+
+    Planning every function up front cost the sum of their inlined sizes, quadratic for a
+    chain of n functions each calling the next (400: 4.6 s at compile_file); a JIT module
+    now plans only what is called. What a user's program can get wrong at this stage is
+    still found at construction, for every function: an inlined size over the limit and
+    a `reverseMode` the autodiff transform rejects (its result is cached for later)."""
+
+    def __init__(self, program: Program, names: tuple[str, ...] | None, options: Config):
+        self._program = program
+        self._options = options
+        selected = [f for f in program.functions if names is None or f.name in names]
+        self._names = tuple(f.name for f in selected)
+        for function in selected:  # every size diagnostic before any (possibly long) planning
+            check_inlined_size(program, function, options.max_inlined_ops)
+        for function in selected:
+            for op in function.body:
+                if op.op == "reverse_mode":
+                    gradient_function(program, op.attr("callee"), op.attr("wrt"))
+        self._plans: dict[str, KernelPlan] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> KernelPlan:
+        plan = self._plans.get(name)
+        if plan is not None:
+            return plan
+        if name not in self._names:
+            raise KeyError(name)
+        with self._lock:
+            if name not in self._plans:
+                prepared = prepare(self._program, name, self._options)
+                kernel = schedule(lower(prepared, self._options), self._options)
+                self._plans[name] = KernelPlan(prepared, kernel)
+            return self._plans[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def plan_program(program: Program, names: tuple[str, ...] | None = None,
                  options: Config | None = None) -> list[KernelPlan]:
-    options = options or config.load()
-    plans = []
-    for function in program.functions:
-        if names is not None and function.name not in names:
-            continue
-        prepared = prepare(program, function.name)
-        plans.append(KernelPlan(prepared, schedule(lower(prepared, options), options)))
-    return plans
+    """Every selected function planned now (the CLI, `.so` files and the disk cache)."""
+    return list(PlanTable(program, names, options or config.load()).values())
 
 
 def codegen(plans: list[KernelPlan], module_name: str = "kina",

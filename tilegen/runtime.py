@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -256,9 +256,12 @@ class CompiledModule:
     checking already happened, so errors surface at compile_file time); a shared library
     holds all of them at once."""
 
-    def __init__(self, plans: list[KernelPlan], kind: str, load):
+    def __init__(self, plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], kind: str,
+                 load):
         self.kind = kind
-        self.plans = {plan.function.name: plan for plan in plans}
+        # A mapping by name may plan each function on first use (pipeline.PlanTable).
+        self.plans = plans if isinstance(plans, Mapping) else \
+            {plan.function.name: plan for plan in plans}
         self._load = load  # plan -> NativeCode
         self._functions: dict[str, object] = {}
         self._natives: dict[str, NativeCode] = {}
@@ -320,8 +323,8 @@ def _load_openmp_runtime() -> None:
     llvm.load_library_permanently(path)
 
 
-def jit_module(plans: list[KernelPlan], profile: bool = False, disk=None,
-               key: str | None = None) -> CompiledModule:
+def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: bool = False,
+               disk=None, key: str | None = None) -> CompiledModule:
     """In-process MCJIT, one engine per function, compiled on first use. Nothing touches
     the disk unless a DiskCache is given (TILEGEN_CACHE_DIR), which supplies and keeps
     each function's object code."""
