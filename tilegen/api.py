@@ -6,6 +6,7 @@ import os
 
 from kina_frontend import Program, Source, check_source, load_source, specialize
 from kina_frontend.tensor_ir import format_program
+from kina_frontend.verify import check_program
 
 from . import config
 from .cache import MEMORY, DiskCache, cache_key
@@ -16,7 +17,10 @@ from .runtime import CompiledModule, aot_module, jit_module
 def compile_program(program: Program, jit: bool = True, output: str | None = None,
                     names: tuple[str, ...] | None = None) -> CompiledModule:
     """Compile concrete tensor IR. `jit=True` stays in memory; `jit=False` builds a shared
-    library (kept at `output` if given, otherwise in a temporary folder that is removed)."""
+    library (kept at `output` if given, otherwise in a temporary folder that is removed).
+    The program is verified first (`kina_frontend.verify.check_program`): ill-typed IR is a
+    KinaError naming the operation, never lowered."""
+    check_program(program)
     text = format_program(program, with_locations=True)
     return _compile(f"<program {names or ''}>", text, lambda: program, jit, output, names)
 
