@@ -317,7 +317,14 @@ def _expected_types(program, function, op: Operation, fail) -> tuple[TensorType,
         return callee.result_types + tuple(callee.params[i].type for i in wrt)
     attrs = dict(op.attrs)
     try:
-        return infer_types(op.op, [v.type for v in op.operands], attrs)
+        types = infer_types(op.op, [v.type for v in op.operands], attrs)
+        # The rules resolve a negative axis and reshape's -1; lowering reads the attributes
+        # as they stand, so the IR must hold them resolved (as the checker writes them).
+        for name, value in op.attrs:
+            if freeze_attr(attrs[name]) != value:
+                raise fail(f"'{op.op}' attribute {name} = {format_attr(value)} must be written "
+                           f"resolved, as {format_attr(freeze_attr(attrs[name]))}")
+        return types
     except ShapeRuleError as error:
         raise fail(str(error)) from None
     except (TypeError, ValueError, IndexError, KeyError, AttributeError) as error:

@@ -22,9 +22,11 @@ class IdOutOfRange(IndexError):
 
 
 def check_ids(opname: str, ids: np.ndarray, limit: int) -> None:
-    bad = np.argwhere((ids < 0) | (ids >= limit))
-    if bad.size:
-        position = tuple(int(i) for i in bad[0])
+    bad = (ids < 0) | (ids >= limit)
+    if bad.any():
+        # The first bad id in row-major order. (Not np.argwhere: it finds nothing in a
+        # rank-0 array.)
+        position = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), ids.shape))
         raise IdOutOfRange(opname, position, int(ids[position]), limit)
 
 
