@@ -89,6 +89,10 @@ class OpDef:
     mlir: Callable | None = None
     # Internal ops are produced by the compiler, not written by users.
     internal: bool = False
+    # Ops that read by integer ids: (operation) -> (position of the ids operand, the
+    # exclusive upper bound every id must lie below). The --run driver draws placeholder
+    # ids from [0, bound).
+    ids_bound: Callable[[Any], tuple[int, int]] | None = None
 
     @property
     def operand_params(self) -> tuple[Param, ...]:
