@@ -201,3 +201,34 @@ def test_compile_file_output_still_passes_the_verifier() -> None:
 
     for path in sorted((ROOT / "examples").glob("*.kina")):
         check_program(specialize(load_program(path)))
+
+
+CALLEE = ("func @g(%x: f32[3, 5]) -> (f32[]) {\n  %s = sum(%x) {axis = 1} : f32[3]\n"
+          "  %t = sum(%s) {axis = 0} : f32[]\n  return %t\n}\n")
+
+
+@pytest.mark.parametrize("op, result", [
+    ('call(%a) {callee = "g"}', "f32[3]"),
+    ('call(%a) {callee = "g"}', "i64[]"),
+    ('reverse_mode(%a) {callee = "g", wrt = [0]}', "f32[], f32[5, 3]"),
+    ('reverse_mode(%a) {callee = "g", wrt = [0]}', "f32[]"),
+])
+def test_lying_structural_ops_are_kina_errors(op: str, result: str) -> None:
+    names = ", ".join(f"%r{i}" for i in range(result.count("[")))
+    text = CALLEE + (f"func @f(%a: f32[3, 5]) -> ({result}) {{\n  {names} = {op} : {result}\n"
+                     f"  return {names}\n}}\n")
+    with pytest.raises(KinaError) as info:
+        tilegen.compile_program(parse_ir(text))
+    assert info.value.code == "K750" and info.value.line == 7, str(info.value)
+    assert f"'{op.split('(')[0]}'" in info.value.message, str(info.value)
+
+
+def test_honest_reverse_mode_through_the_api_matches_the_interpreter() -> None:
+    text = CALLEE + ("func @f(%a: f32[3, 5]) -> (f32[], f32[3, 5]) {\n"
+                     '  %l, %g = reverse_mode(%a) {callee = "g", wrt = [0]} : f32[], f32[3, 5]\n'
+                     "  return %l, %g\n}\n")
+    program = parse_ir(text)
+    a = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    loss, grad = tilegen.compile_program(program).f(a)
+    np.testing.assert_allclose(loss, a.sum(), rtol=1e-5)
+    np.testing.assert_array_equal(grad, np.ones((3, 5), np.float32))
