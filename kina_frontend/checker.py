@@ -738,7 +738,8 @@ def _bind_arguments(op: OpDef, call: ast.Call) -> dict[str, ast.Expr]:
 
 def _signature_text(op: OpDef) -> str:
     shown = {"tensor": "tensor", "tensor_or_literal": "tensor or number", "dims": "[dims]",
-             "ints": "[ints]", "dim": "dim", "axis": "int"}
+             "ints": "[ints]", "dim": "dim", "axis": "int", "number": "number",
+             "dtype": "dtype"}
     parts = [f"{p.name}: {shown[p.kind]}" for p in op.params]
     return f"signature: {op.name}({', '.join(parts)})"
 

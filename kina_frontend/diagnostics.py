@@ -77,7 +77,9 @@ ERROR_CODES = {
     "unsupported": "K500",
     "io": "K600",
     "autodiff": "K700",
+    "ir": "K750",
     "lowering": "K800",
+    "run": "K900",
 }
 
 

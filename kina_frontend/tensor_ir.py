@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .diagnostics import Span
+from .diagnostics import KinaError, Source, Span
 from .types import DType, TensorType, const_symbol, format_dim
 
 AttrValue = int | float | str | tuple
@@ -158,22 +158,40 @@ def format_program(program: Program, with_locations: bool = False) -> str:
 
 # ---- parsing (round trip of the printer) ----------------------------------------------------
 
-class IRParseError(ValueError):
-    pass
+class IRParseError(KinaError):
+    """Malformed tensor IR text: a KinaError at the line and column of the IR text."""
+
+    def __init__(self, message: str, span: Span | None, notes: tuple[str, ...] = ()):
+        super().__init__("ir", message, span, notes)
 
 
 _TOKEN = re.compile(r"""\s*(?:
       (?P<comment>//[^\n]*)
     | (?P<value>%[A-Za-z0-9_.]+)
     | (?P<symbol>@[A-Za-z_][A-Za-z0-9_]*)
-    | (?P<string>"(?:[^"\\]|\\.)*")
+    | (?P<string>"(?:[^"\\\n]|\\.)*")
     | (?P<number>-?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+|inf|nan))
     | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
     | (?P<punct>->|[()\[\]{},:=*+\-])
     )""", re.VERBOSE)
 
+# Nesting deeper than this (attribute lists, parenthesised dims) is refused: the parser
+# recurses, and hostile text must end in a diagnostic, not a RecursionError.
+MAX_IR_NESTING = 100
+# The largest integer an attribute or dim may spell (the I64 range).
+MAX_IR_INT = 2**63 - 1
 
-def _lex_ir(text: str) -> list[tuple[str, str]]:
+
+@dataclass(frozen=True)
+class _Token:
+    kind: str
+    text: str
+    start: int
+    end: int
+
+
+def _lex_ir(source: Source) -> list[_Token]:
+    text = source.text
     tokens = []
     pos = 0
     while pos < len(text):
@@ -181,75 +199,118 @@ def _lex_ir(text: str) -> list[tuple[str, str]]:
             break
         match = _TOKEN.match(text, pos)
         if not match:
-            raise IRParseError(f"cannot read IR at offset {pos}: {text[pos:pos + 20]!r}")
+            at = len(text[pos:]) - len(text[pos:].lstrip()) + pos
+            raise IRParseError(f"cannot read IR at {text[at:at + 20]!r}",
+                               Span(source, at, at + 1))
         pos = match.end()
         kind = match.lastgroup
         if kind != "comment":
-            tokens.append((kind, match.group(kind)))
-    tokens.append(("eof", ""))
+            tokens.append(_Token(kind, match.group(kind), match.start(kind), match.end(kind)))
+    tokens.append(_Token("eof", "", len(text), len(text)))
     return tokens
 
 
 class _IRParser:
-    def __init__(self, text: str):
-        self.tokens = _lex_ir(text)
+    def __init__(self, source: Source):
+        self.source = source
+        self.tokens = _lex_ir(source)
         self.pos = 0
+        self.depth = 0
         self.symbols: dict[str, sympy.Symbol] = {}
         self.values: dict[str, Value] = {}
 
-    def next(self) -> tuple[str, str]:
+    def span(self, first: _Token, last: _Token | None = None) -> Span:
+        last = last or first
+        return Span(self.source, first.start, max(last.end, first.start + 1))
+
+    def fail(self, message: str, token: _Token | None = None) -> IRParseError:
+        token = token or self.peek()
+        return IRParseError(message, self.span(token))
+
+    def next(self) -> _Token:
         token = self.tokens[self.pos]
-        self.pos += 1
+        if token.kind != "eof":
+            self.pos += 1
         return token
 
-    def peek(self) -> tuple[str, str]:
-        return self.tokens[self.pos]
+    def peek(self, ahead: int = 0) -> _Token:
+        return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
 
-    def expect(self, text: str) -> None:
-        kind, got = self.next()
-        if got != text:
-            raise IRParseError(f"expected {text!r}, found {got!r}")
+    def shown(self, token: _Token) -> str:
+        return "the end of the IR" if token.kind == "eof" else repr(token.text)
+
+    def expect(self, text: str) -> _Token:
+        token = self.next()
+        if token.text != text or token.kind in ("string", "eof"):
+            raise self.fail(f"expected {text!r}, found {self.shown(token)}", token)
+        return token
+
+    def expect_kind(self, kind: str, what: str) -> _Token:
+        token = self.next()
+        if token.kind != kind:
+            raise self.fail(f"expected {what}, found {self.shown(token)}", token)
+        return token
+
+    def comma_or(self, closing: str) -> None:
+        """After a list item: a ',' (then more), or the closing token (left for the caller)."""
+        token = self.peek()
+        if token.text == ",":
+            self.next()
+        elif token.text != closing:
+            raise self.fail(f"expected ',' or {closing!r}, found {self.shown(token)}")
 
     def program(self) -> Program:
         constants = []
         functions = []
-        while self.peek()[0] != "eof":
-            kind, word = self.next()
-            if word == "const":
-                _, name = self.next()
+        while self.peek().kind != "eof":
+            token = self.next()
+            if token.text == "const" and token.kind == "word":
+                name = self.expect_kind("word", "a const name")
+                if name.text in self.symbols:
+                    raise self.fail(f"const {name.text} is defined twice", name)
                 self.expect("=")
-                _, number = self.next()
-                constants.append((name, int(number)))
-                self.symbols[name] = const_symbol(name)
-            elif word == "func":
+                number = self.next()
+                if number.kind != "number" or not re.fullmatch(r"\d+", number.text):
+                    raise self.fail(f"expected a positive integer, found {self.shown(number)}",
+                                    number)
+                constants.append((name.text, self.integer(number)))
+                self.symbols[name.text] = const_symbol(name.text)
+            elif token.text == "func" and token.kind == "word":
                 functions.append(self.function())
             else:
-                raise IRParseError(f"expected 'const' or 'func', found {word!r}")
+                raise self.fail(f"expected 'const' or 'func', found {self.shown(token)}", token)
         return Program(tuple(constants), tuple(functions))
+
+    def integer(self, token: _Token) -> int:
+        value = int(token.text)
+        if abs(value) > MAX_IR_INT:
+            raise self.fail(f"integer {token.text[:30]} is out of the I64 range", token)
+        return value
 
     def function(self) -> Function:
         self.values = {}
-        _, symbol = self.next()
+        symbol = self.expect_kind("symbol", "a function name like @f")
         self.expect("(")
         params = []
-        while self.peek()[1] != ")":
-            _, name = self.next()
+        while self.peek().text != ")":
+            name = self.expect_kind("value", "a parameter like %x")
             self.expect(":")
-            value = Value(name[1:], self.type())
-            self.values[name] = value
+            if name.text in self.values:
+                raise self.fail(f"parameter {name.text} is declared twice", name)
+            value = Value(name.text[1:], self.type())
+            self.values[name.text] = value
             params.append(value)
-            if self.peek()[1] == ",":
-                self.next()
+            self.comma_or(")")
         self.expect(")")
         self.expect("->")
         self.expect("(")
-        while self.peek()[1] != ")":
-            self.type()
-            if self.peek()[1] == ",":
-                self.next()
+        declared = []
+        while self.peek().text != ")":
+            declared.append(self.type())
+            self.comma_or(")")
         self.expect(")")
         is_main = False
-        if self.peek()[1] == "attributes":
+        if self.peek().text == "attributes":
             self.next()
             self.expect("{")
             self.expect("main")
@@ -257,63 +318,93 @@ class _IRParser:
             is_main = True
         self.expect("{")
         body = []
-        while self.peek()[1] != "return":
+        while self.peek().text != "return":
+            if self.peek().kind == "eof" or self.peek().text == "}":
+                raise self.fail(f"expected an operation or 'return', found "
+                                f"{self.shown(self.peek())}")
             body.append(self.operation())
-        self.next()
+        returned = self.next()
         results = []
-        while self.peek()[0] == "value":
-            results.append(self.values[self.next()[1]])
-            if self.peek()[1] == ",":
-                self.next()
+        while self.peek().kind == "value":
+            token = self.next()
+            if token.text not in self.values:
+                raise self.fail(f"return of undefined value {token.text}", token)
+            results.append(self.values[token.text])
+            self.comma_or("}")
         self.expect("}")
-        return Function(symbol[1:], tuple(params), tuple(body), tuple(results), is_main)
+        actual = tuple(v.type for v in results)
+        if tuple(declared) != actual:
+            raise IRParseError(
+                f"@{symbol.text[1:]} declares results ({', '.join(map(str, declared))}) but "
+                f"returns ({', '.join(map(str, actual))})", self.span(returned))
+        return Function(symbol.text[1:], tuple(params), tuple(body), tuple(results), is_main,
+                        self.span(symbol))
 
     def operation(self) -> Operation:
-        names = [self.next()[1]]
-        while self.peek()[1] == ",":
+        first = self.expect_kind("value", "a result like %y")
+        names = [first]
+        while self.peek().text == ",":
             self.next()
-            names.append(self.next()[1])
+            names.append(self.expect_kind("value", "a result like %y"))
         self.expect("=")
-        _, opname = self.next()
+        opname = self.expect_kind("word", "an op name")
         self.expect("(")
         operands = []
-        while self.peek()[1] != ")":
-            _, name = self.next()
-            if name not in self.values:
-                raise IRParseError(f"use of undefined value {name}")
-            operands.append(self.values[name])
-            if self.peek()[1] == ",":
-                self.next()
-        self.expect(")")
-        attrs = []
-        if self.peek()[1] == "{":
+        while self.peek().text != ")":
+            token = self.expect_kind("value", "an operand like %x")
+            if token.text not in self.values:
+                raise self.fail(f"use of undefined value {token.text}", token)
+            operands.append(self.values[token.text])
+            self.comma_or(")")
+        closing = self.expect(")")
+        attrs: list[tuple[str, AttrValue]] = []
+        if self.peek().text == "{":
             self.next()
-            while self.peek()[1] != "}":
-                _, key = self.next()
+            while self.peek().text != "}":
+                key = self.expect_kind("word", "an attribute name")
+                if any(key.text == k for k, _ in attrs):
+                    raise self.fail(f"attribute {key.text} is given twice", key)
                 self.expect("=")
-                attrs.append((key, self.attr_value()))
-                if self.peek()[1] == ",":
-                    self.next()
+                attrs.append((key.text, self.attr_value()))
+                self.comma_or("}")
             self.expect("}")
         self.expect(":")
         types = [self.type()]
-        while self.peek()[1] == ",":
+        while self.peek().text == ",":
             self.next()
             types.append(self.type())
-        results = tuple(Value(n[1:], t) for n, t in zip(names, types, strict=True))
-        for result in results:
-            self.values[str(result)] = result
-        return Operation(opname, tuple(operands), results, tuple(attrs))
+        span = self.span(opname, closing)
+        if len(types) != len(names):
+            raise IRParseError(f"'{opname.text}' binds {len(names)} result(s) but gives "
+                               f"{len(types)} type(s)", span)
+        results = tuple(Value(n.text[1:], t) for n, t in zip(names, types, strict=True))
+        for token, result in zip(names, results, strict=True):
+            if token.text in self.values:
+                raise self.fail(f"{token.text} is defined twice", token)
+            self.values[token.text] = result
+        return Operation(opname.text, tuple(operands), results, tuple(sorted(attrs)), span)
+
+    def nested(self):
+        self.depth += 1
+        if self.depth > MAX_IR_NESTING:
+            raise self.fail(f"IR nested more than {MAX_IR_NESTING} levels deep")
 
     def attr_value(self) -> AttrValue:
-        kind, text = self.peek()
-        if text == "[":
+        self.nested()
+        try:
+            return self._attr_value()
+        finally:
+            self.depth -= 1
+
+    def _attr_value(self) -> AttrValue:
+        token = self.peek()
+        kind, text = token.kind, token.text
+        if text == "[" and kind == "punct":
             self.next()
             items = []
-            while self.peek()[1] != "]":
+            while self.peek().text != "]":
                 items.append(self.attr_value())
-                if self.peek()[1] == ",":
-                    self.next()
+                self.comma_or("]")
             self.expect("]")
             return tuple(items)
         if kind == "string":
@@ -335,62 +426,86 @@ class _IRParser:
         """A dim as sympy prints it without spaces (T*4, 2*T-1, T**2), parsed by precedence
         with the consts as symbols -- not by sympify, which chokes on const names that are
         Python keywords (`lambda`, `in`) or sympy names."""
+        first = self.peek()
         expr = self.dim_sum()
-        return int(expr) if expr.is_Integer else expr
+        if expr.is_Integer:
+            if abs(int(expr)) > MAX_IR_INT:
+                raise self.fail("dimension is out of the I64 range", first)
+            return int(expr)
+        return expr
 
     def dim_sum(self) -> sympy.Expr:
         total = self.dim_term()
         while True:
-            kind, text = self.peek()
-            if text in ("+", "-"):
+            token = self.peek()
+            if token.text in ("+", "-") and token.kind == "punct":
                 self.next()
                 rhs = self.dim_term()
-                total = total + rhs if text == "+" else total - rhs
-            elif kind == "number" and text.startswith("-") and text not in self.symbols:
+                total = total + rhs if token.text == "+" else total - rhs
+            elif token.kind == "number" and token.text.startswith("-") and \
+                    re.fullmatch(r"-\d+", token.text):
                 total = total + self.dim_term()  # `T-1` lexes as T, -1
             else:
                 return total
 
     def dim_term(self) -> sympy.Expr:
         product = self.dim_power()
-        while self.peek()[1] == "*" and self.tokens[self.pos + 1][1] != "*":
+        while self.peek().text == "*" and self.peek(1).text != "*":
             self.next()
             product = product * self.dim_power()
         return product
 
     def dim_power(self) -> sympy.Expr:
         base = self.dim_atom()
-        if self.peek()[1] == "*" and self.tokens[self.pos + 1][1] == "*":
+        if self.peek().text == "*" and self.peek(1).text == "*":
             self.next()
+            exponent = self.peek()
             self.next()
-            return base ** self.dim_power()
+            power = self.dim_power()
+            if not (power.is_Integer and 0 <= power <= 8):
+                raise self.fail("a dim exponent must be an integer from 0 to 8", exponent)
+            return base ** power
         return base
 
     def dim_atom(self) -> sympy.Expr:
-        kind, text = self.next()
-        if text in self.symbols:
-            return self.symbols[text]
-        if text == "-":
-            return -self.dim_power()
-        if text == "(":
-            inner = self.dim_sum()
-            self.expect(")")
-            return inner
-        if kind == "number" and re.fullmatch(r"-?\d+", text):
-            return sympy.Integer(int(text))
-        raise IRParseError(f"expected a dimension, found {text!r}")
+        self.nested()
+        try:
+            token = self.next()
+            if token.kind == "word" and token.text in self.symbols:
+                return self.symbols[token.text]
+            if token.text == "-" and token.kind == "punct":
+                return -self.dim_power()
+            if token.text == "(" and token.kind == "punct":
+                inner = self.dim_sum()
+                self.expect(")")
+                return inner
+            if token.kind == "number" and re.fullmatch(r"-?\d+", token.text):
+                return sympy.Integer(self.integer(token))
+            raise self.fail(f"expected a dimension, found {self.shown(token)}", token)
+        finally:
+            self.depth -= 1
 
     def type(self) -> TensorType:
-        _, dtype = self.next()
+        token = self.next()
+        try:
+            dtype = DType(token.text)
+        except ValueError:
+            names = ", ".join(d.value for d in DType)
+            raise self.fail(f"expected an element type ({names}), found {self.shown(token)}",
+                            token) from None
+        if token.kind != "word":
+            raise self.fail(f"expected an element type, found {self.shown(token)}", token)
         self.expect("[")
         dims = []
-        while self.peek()[1] != "]":
+        while self.peek().text != "]":
             dims.append(self.dim())
-            if self.peek()[1] == ",":
-                self.next()
+            self.comma_or("]")
         self.expect("]")
-        return TensorType(DType(dtype), tuple(dims))
+        return TensorType(dtype, tuple(dims))
 
 
-def parse_ir(text: str) -> Program:
-    return _IRParser(text).program()
+def parse_ir(text: str, name: str = "<ir>") -> Program:
+    """Read tensor IR text (what `format_program` prints). Malformed text raises
+    `IRParseError`, a `KinaError` at its line and column in `text` (shown as `name`); each
+    operation and function gets a span into `text`, so later diagnostics point there too."""
+    return _IRParser(Source(name, text)).program()

@@ -33,7 +33,7 @@ from kina_frontend.parser import MAX_NESTING
 # The codes are part of the user-facing contract; spelled out here, not read from the module.
 CODES = {"lex": "K100", "syntax": "K200", "name": "K300", "arity": "K310", "type": "K400",
          "shape": "K410", "unsupported": "K500", "io": "K600", "autodiff": "K700",
-         "lowering": "K800"}
+         "ir": "K750", "lowering": "K800", "run": "K900"}
 
 # A two-line prelude most cases share; the error then sits on line 3.
 F23 = "Tensor[F32, [2, 3], @host]"
@@ -409,7 +409,7 @@ def test_catalogue_is_large_and_distinct() -> None:
     assert len({c.id for c in CASES}) == len(CASES)
     assert len({c.source for c in CASES}) == len(CASES)
     # Every user-facing kind except io (no source) and lowering (backend) has cases here.
-    assert {c.kind for c in CASES} >= set(CODES) - {"io", "lowering"}
+    assert {c.kind for c in CASES} >= set(CODES) - {"io", "ir", "lowering", "run"}
 
 
 # ---- the messages that carry sympy expressions ----------------------------------------------
@@ -629,7 +629,7 @@ def _documented_examples() -> list[tuple[str, str, str]]:
 def test_errors_md_documents_every_code_with_a_checked_example() -> None:
     examples = _documented_examples()
     assert {re.search(r"error\[(K\d+)\]", e[2]).group(1) for e in examples} == \
-        set(CODES.values()) - {"K600", "K800"}
+        set(CODES.values()) - {"K600", "K750", "K800", "K900"}
     for name, text, expected in examples:
         with pytest.raises(KinaError) as info:
             specialize(check_source(Source(name, text)))
@@ -653,3 +653,27 @@ def test_errors_md_io_and_lowering_examples(tmp_path, monkeypatch) -> None:
         lower_function(program.function("f"))
     assert info.value.code == "K800"
     assert f"```text\n{info.value}\n```" in doc
+
+
+def test_errors_md_ir_and_run_examples(tmp_path) -> None:
+    """The K750 (API) and K900 (--run) examples are real output."""
+    import subprocess
+    import sys
+
+    import tilegen
+    from kina_frontend import parse_ir
+
+    doc = ERRORS_MD.read_text()
+    ir_text = re.search(r"where `gather.ir` is\n\n```text\n(.*?)```", doc, re.DOTALL).group(1)
+    with pytest.raises(KinaError) as info:
+        tilegen.compile_program(parse_ir(ir_text, "gather.ir"))
+    assert info.value.code == "K750"
+    assert f"{info.value}\n```" in doc
+    kina = re.search(r"where `computed_ids.kina` is\n\n```kina\n(.*?)```", doc,
+                     re.DOTALL).group(1)
+    (tmp_path / "computed_ids.kina").write_text(kina)
+    result = subprocess.run([sys.executable, "-m", "tilegen.compile", "computed_ids.kina",
+                             "--run"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 1
+    assert f"$ python -m tilegen.compile computed_ids.kina --run\n{result.stderr}```" in doc

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kina_frontend import load_program, program_from_text, specialize
 from tilegen import config
@@ -45,3 +47,34 @@ def test_malformed_text_is_a_clear_error():
         parse_kernel("kernel @k\n  input x: f32[4]\n{\n  out[0] = \n")
     with pytest.raises(LoopIRParseError, match="unknown buffer"):
         parse_kernel("kernel @k\n  output o: f32[2]\n{\n  o[0] = y[0]\n}\n")
+
+
+def test_malformed_text_is_a_kina_error_at_a_line_and_column():
+    from kina_frontend import KinaError
+
+    with pytest.raises(KinaError) as info:
+        parse_kernel("kernel @k\n  output o: f32[2]\n{\n  o[0] = y[0]\n}\n")
+    assert (info.value.code, info.value.line, info.value.column) == ("K750", 4, 10)
+    with pytest.raises(KinaError) as info:
+        parse_kernel("kernel @k\n  output o: f32[2]\n{\n  for i in 0..99999999999999999999 {\n")
+    assert (info.value.line, info.value.column) == (4, 15)
+
+
+_SEED_KERNELS = [format_kernel(plan.kernel) for plan in
+                 plan_program(specialize(load_program("storylm0_forward")), None, config.load())]
+
+
+@settings(max_examples=300, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_mutated_loop_ir_parses_or_is_a_located_kina_error(data):
+    from kina_frontend import KinaError
+    from tests.irfuzz import _mutate
+
+    text = data.draw(st.sampled_from(_SEED_KERNELS))
+    for _ in range(data.draw(st.integers(1, 3))):
+        text = _mutate(data.draw, text)
+    try:
+        parse_kernel(text)
+    except KinaError as error:
+        assert error.line is not None and error.column is not None, str(error)

@@ -6,6 +6,7 @@ import os
 
 from kina_frontend import Program, Source, check_source, load_source, specialize
 from kina_frontend.tensor_ir import format_program
+from kina_frontend.verify import check_program
 
 from . import config
 from .cache import MEMORY, DiskCache, cache_key
@@ -16,15 +17,18 @@ from .runtime import CompiledModule, aot_module, jit_module
 def compile_program(program: Program, jit: bool = True, output: str | None = None,
                     names: tuple[str, ...] | None = None) -> CompiledModule:
     """Compile concrete tensor IR. `jit=True` stays in memory; `jit=False` builds a shared
-    library (kept at `output` if given, otherwise in a temporary folder that is removed)."""
+    library (kept at `output` if given, otherwise in a temporary folder that is removed).
+    The program is verified first (`kina_frontend.verify.check_program`): ill-typed IR is a
+    KinaError naming the operation, never lowered."""
+    check_program(program)
     text = format_program(program, with_locations=True)
     return _compile(f"<program {names or ''}>", text, lambda: program, jit, output, names)
 
 
 def compile_source(text: str, name: str = "<string>", jit: bool = True,
                    output: str | None = None) -> CompiledModule:
-    return _compile(name, text, lambda: specialize(check_source(Source(name, text))), jit,
-                    output)
+    return _compile(name, text, lambda: _checked(specialize(check_source(Source(name, text)))),
+                    jit, output)
 
 
 def compile_file(path: str | os.PathLike, jit: bool = True,
@@ -33,7 +37,14 @@ def compile_file(path: str | os.PathLike, jit: bool = True,
     its functions; each takes NumPy arrays positionally and returns an array or a tuple."""
     source = load_source(path)
     return _compile(source.name, source.text,
-                    lambda: specialize(check_source(source)), jit, output)
+                    lambda: _checked(specialize(check_source(source))), jit, output)
+
+
+def _checked(program: Program) -> Program:
+    """The checker's output verified like any program (about a millisecond for the
+    StoryLM-0 training step): a checker bug is then a diagnostic, not native code."""
+    check_program(program)
+    return program
 
 
 def _compile(name: str, text: str, frontend, jit: bool, output: str | None,

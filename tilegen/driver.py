@@ -8,10 +8,12 @@ import zlib
 import numpy as np
 
 from kina_frontend.diagnostics import KinaError, Source
+from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Program
 
 from .loopir import format_kernel
 from .pipeline import assembly, codegen, plan_program, to_llvm
+from .runtime import IdOutOfRangeError
 
 
 def run_backend_stages(program: Program, source: Source, args, started: float) -> int:
@@ -52,14 +54,21 @@ def run_backend_stages(program: Program, source: Source, args, started: float) -
 def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
     """Deterministic inputs for an @main's placeholders, in order: floats are standard
     normal draws from numpy.random.default_rng(seed + k) for placeholder k; ids are drawn
-    uniformly from [0, n) where n is the smallest table/class count of any gather or
-    one_hot that reads them (8 when none does)."""
+    uniformly from [0, n) where n is the smallest bound of any op that reads them (a
+    gather's table rows, a scatter_add's rows, a one_hot's class count; 8 when none
+    does). A seed + k below 0 is a diagnostic at placeholder k (NumPy seeds are
+    non-negative)."""
     limits = id_limits(function)
     values = []
     for op in function.body:
         if op.op != "placeholder":
             continue
-        rng = np.random.default_rng(seed + op.attr("index"))
+        number = op.attr("index")
+        if seed + number < 0:
+            raise KinaError("run", f"--seed {seed} gives placeholder {number} the NumPy seed "
+                            f"{seed + number}, and seeds must be non-negative", op.span,
+                            ("placeholder k is drawn with seed + k: use --seed 0 or more",))
+        rng = np.random.default_rng(seed + number)
         ttype = op.result.type
         shape = ttype.concrete_shape
         if ttype.dtype.is_float:
@@ -71,17 +80,31 @@ def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
 
 
 def id_limits(function: Function) -> dict[str, int]:
-    """For each I64 value a gather or one_hot reads: the smallest row or class count."""
+    """For each I64 value an op reads as ids (its OpDef's `ids_bound`): the smallest bound."""
     limits: dict[str, int] = {}
     for op in function.body:
-        if op.op == "gather":
-            name, limit = op.operands[1].name, op.operands[0].type.concrete_shape[0]
-        elif op.op == "one_hot":
-            name, limit = op.operands[0].name, int(op.attr("n"))
-        else:
+        definition = REGISTRY.get(op.op)
+        if definition is None or definition.ids_bound is None:
             continue
+        position, limit = definition.ids_bound(op)
+        name = op.operands[position].name
         limits[name] = min(limit, limits.get(name, limit))
     return limits
+
+
+def _id_error(error: IdOutOfRangeError, function: Function, name: str) -> KinaError:
+    """An id that left its range while --run ran @main, as a diagnostic at the op."""
+    site = error.site
+    span = next((op.span for op in function.body
+                 if op.op == site.op and op.span is not None and str(op.span) == site.location),
+                None)
+    where = f"argument '{site.ids_argument}'" if site.ids_argument else \
+        "a computed ids tensor"
+    notes = ("--run draws each placeholder's ids from [0, n) for the op that reads it; ids "
+             "computed from them (here by arithmetic or argmax) can leave that range",)
+    return KinaError("run", f"@{name}: '{site.op}' id {error.value} at position "
+                     f"{list(error.position)} of {where} is out of range [0, {site.limit})",
+                     span, notes)
 
 
 def _run_main(program: Program, seed: int) -> int:
@@ -97,8 +120,14 @@ def _run_main(program: Program, seed: int) -> int:
     inlined = inline_calls(program, main, config.load().max_inlined_ops)
     inputs = placeholder_values(inlined, seed)
     module = compile_program(program, names=(main.name,))
+    compiled = getattr(module, main.name)
     started = time.perf_counter()
-    outputs = getattr(module, main.name)(*inputs)
+    try:
+        outputs = compiled(*inputs)
+    except IdOutOfRangeError as error:
+        raise _id_error(error, inlined, main.name) from None
+    except MemoryError as error:
+        raise KinaError("run", f"@{main.name}: {error}", main.span) from None
     elapsed = (time.perf_counter() - started) * 1e6
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     from kina_frontend.transforms import placeholders_to_params

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 
+from kina_frontend.diagnostics import KinaError, Source, Span
+
 from . import loopir as L
 
 _TOKEN = re.compile(r"""\s*(?:
@@ -26,45 +28,73 @@ _SYMBOLS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%
             "&&": "and", "||": "or"}
 
 
-class LoopIRParseError(ValueError):
-    pass
+class LoopIRParseError(KinaError):
+    """Malformed loop IR text: a KinaError (kind `ir`) at its line and column."""
+
+    def __init__(self, message: str, span: Span | None = None):
+        super().__init__("ir", message, span)
 
 
-def parse_kernel(text: str) -> L.Kernel:
-    return _Parser(text).kernel()
+def parse_kernel(text: str, name: str = "<loop ir>") -> L.Kernel:
+    """Read `format_kernel` text back. Malformed text raises `LoopIRParseError`, a
+    `KinaError` at the line and column of the token where reading failed."""
+    parser = _Parser(Source(name, text))
+    try:
+        return parser.kernel()
+    except LoopIRParseError:
+        raise
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as error:
+        # A token of the right kind with a value the grammar cannot take (a number too
+        # long for int, a bad string literal, an operator symbol that is no operator).
+        raise parser.error(f"malformed loop IR: {type(error).__name__}: {error}",
+                           max(parser.at - 1, 0)) from None
 
 
 class _Parser:
-    def __init__(self, text: str):
-        self.tokens: list[tuple[str, str]] = []
+    def __init__(self, source: Source):
+        self.source = source
+        text = source.text
+        # (kind, text, start offset) per token.
+        self.tokens: list[tuple[str, str, int]] = []
         position = 0
         while text[position:].strip():
             match = _TOKEN.match(text, position)
             if match is None:
-                raise LoopIRParseError(f"cannot read loop IR at {text[position:position + 30]!r}")
-            self.tokens.append((match.lastgroup, match.group(match.lastgroup)))
+                at = position + len(text[position:]) - len(text[position:].lstrip())
+                raise LoopIRParseError(f"cannot read loop IR at {text[at:at + 30]!r}",
+                                       Span(source, at, at + 1))
+            kind = match.lastgroup
+            self.tokens.append((kind, match.group(kind), match.start(kind)))
             position = match.end()
-        self.tokens.append(("eof", ""))
+        self.tokens.append(("eof", "", len(text)))
         self.at = 0
         self.buffers: dict[str, L.Buffer] = {}
         self.scopes: list[dict[str, str]] = [{}]  # variable name -> dtype
 
     # ---- tokens -------------------------------------------------------------------------------
 
+    def error(self, message: str, at: int | None = None) -> LoopIRParseError:
+        _, text, start = self.tokens[self.at if at is None else at]
+        return LoopIRParseError(message, Span(self.source, start, start + max(len(text), 1)))
+
     def peek(self, offset: int = 0) -> str:
-        return self.tokens[self.at + offset][1]
+        return self.tokens[min(self.at + offset, len(self.tokens) - 1)][1]
 
     def take(self, expected: str | None = None) -> str:
-        kind, text = self.tokens[self.at]
+        kind, text, _ = self.tokens[self.at]
         if expected is not None and text != expected:
-            raise LoopIRParseError(f"expected {expected!r}, found {text!r}")
+            raise self.error(f"expected {expected!r}, found "
+                             f"{'the end of the loop IR' if kind == 'eof' else repr(text)}")
         if kind == "eof":
-            raise LoopIRParseError("unexpected end of loop IR")
+            raise self.error("unexpected end of loop IR")
         self.at += 1
         return text
 
     def integer(self) -> int:
-        return int(self.take())
+        text = self.take()
+        if not re.fullmatch(r"-?\d{1,19}", text):
+            raise self.error(f"expected an integer, found {text!r}", self.at - 1)
+        return int(text)
 
     def shape(self) -> tuple[int, ...]:
         self.take("[")
@@ -163,7 +193,7 @@ class _Parser:
         name = self.take()
         self.take("in")
         if self.integer() != 0:
-            raise LoopIRParseError("loops start at 0")
+            raise self.error("loops start at 0", self.at - 1)
         self.take("..")
         extent = self.integer()
         kind, width, threads = "serial", 1, 1
@@ -202,7 +232,7 @@ class _Parser:
         self.scopes.pop()
         if not (isinstance(product, L.Reduce) and isinstance(product.body, L.Binary)
                 and product.body.op == "mul"):
-            raise LoopIRParseError("gemm needs sum[k < K](a * b)")
+            raise self.error("gemm needs sum[k < K](a * b)", self.at - 1)
         tiles = {}
         self.take("tiles")
         for key in ("mr", "nr", "kc", "mc", "nc", "threads"):
@@ -235,10 +265,10 @@ class _Parser:
         for scope in reversed(self.scopes):
             if name in scope:
                 return scope[name]
-        raise LoopIRParseError(f"unknown variable {name!r}")
+        raise self.error(f"unknown variable {name!r}", self.at - 1)
 
     def expr(self) -> L.Expr:
-        kind, text = self.tokens[self.at]
+        kind, text, _ = self.tokens[self.at]
         if kind == "number":
             self.take()
             if ":" in text:
@@ -249,6 +279,8 @@ class _Parser:
             self.take()
             lhs = self.expr()
             symbol = self.take()
+            if symbol not in _SYMBOLS:
+                raise self.error(f"expected an operator, found {symbol!r}", self.at - 1)
             rhs = self.expr()
             self.take(")")
             op = _SYMBOLS[symbol]
@@ -262,7 +294,7 @@ class _Parser:
         if self.peek() == "[":
             buffer = self.buffers.get(name)
             if buffer is None:
-                raise LoopIRParseError(f"unknown buffer {name!r}")
+                raise self.error(f"unknown buffer {name!r}", self.at - 1)
             return L.Load(name, self.index_list(), buffer.dtype)
         if self.peek() == "(":
             self.take()

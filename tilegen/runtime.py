@@ -143,9 +143,12 @@ class CompiledFunction:
         index = [int(i) for i in index]
         where = f"argument '{site.ids_argument}'" if site.ids_argument else \
             "a computed ids tensor"
-        raise IdOutOfRangeError(
+        error = IdOutOfRangeError(
             f"{self.name}(): {site.op} at {site.location}: id {value} at position {index} of "
             f"{where} is out of range [0, {site.limit})")
+        # For callers that report it at the op's source (the CLI's --run).
+        error.site, error.value, error.position = site, value, tuple(index)
+        raise error
 
 
 def _dtype_text(dtype: np.dtype) -> str:

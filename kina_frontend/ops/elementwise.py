@@ -250,7 +250,8 @@ def _fill_mlir(ctx, op, operands):
 
 
 fill = register(OpDef(
-    "fill", "elementwise", (Param("value", "dim"), Param("shape", "dims"), Param("dtype", "dim")),
+    "fill", "elementwise",
+    (Param("value", "number"), Param("shape", "dims"), Param("dtype", "dtype")),
     _fill_rule, _fill_reference,
     "a tensor of the given shape holding one number (what a number literal operand becomes)",
     internal=True, differentiable=False,
@@ -302,7 +303,7 @@ def _cast_mlir(ctx, op, operands):
 
 
 cast = register(OpDef(
-    "cast", "elementwise", (Param("x", "tensor"), Param("dtype", "dim")),
+    "cast", "elementwise", (Param("x", "tensor"), Param("dtype", "dtype")),
     _cast_rule, _cast_reference,
     "x converted elementwise to the floating-point type dtype (f32 or f64; from f32, f64 or "
     "i64), rounding to nearest",

@@ -22,9 +22,11 @@ class IdOutOfRange(IndexError):
 
 
 def check_ids(opname: str, ids: np.ndarray, limit: int) -> None:
-    bad = np.argwhere((ids < 0) | (ids >= limit))
-    if bad.size:
-        position = tuple(int(i) for i in bad[0])
+    bad = (ids < 0) | (ids >= limit)
+    if bad.any():
+        # The first bad id in row-major order. (Not np.argwhere: it finds nothing in a
+        # rank-0 array.)
+        position = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), ids.shape))
         raise IdOutOfRange(opname, position, int(ids[position]), limit)
 
 
@@ -85,7 +87,8 @@ gather = register(OpDef(
     "rows of table[V, D] picked by ids[...] -> [..., D]; ids must lie in [0, V)",
     vjp=_gather_vjp,
     mlir=_gather_mlir,
-    lower=_gather_lower))
+    lower=_gather_lower,
+    ids_bound=lambda op: (1, int(op.operands[0].type.shape[0]))))
 
 
 def _scatter_add_rule(ctx, operands, attrs):
@@ -172,7 +175,8 @@ scatter_add = register(OpDef(
     "ids must lie in [0, rows)",
     vjp=_scatter_add_vjp,
     mlir=_scatter_add_mlir,
-    lower=_scatter_add_lower))
+    lower=_scatter_add_lower,
+    ids_bound=lambda op: (1, int(op.attr("rows")))))
 
 
 def _one_hot_rule(ctx, operands, attrs):
@@ -218,4 +222,5 @@ one_hot = register(OpDef(
     _one_hot_rule, _one_hot_reference,
     "F32 [..., n] with 1 at each id's index; ids must lie in [0, n)", differentiable=False,
     mlir=_one_hot_mlir,
-    lower=_one_hot_lower))
+    lower=_one_hot_lower,
+    ids_bound=lambda op: (0, int(op.attr("n")))))

@@ -238,7 +238,8 @@ def _transpose_rule(ctx, operands, attrs):
 
 def _transpose_reference(args, attrs):
     (x,) = args
-    return (np.ascontiguousarray(np.transpose(x, attrs["perm"])),)
+    # copy(order="C"), not ascontiguousarray, which makes a rank-0 result rank 1.
+    return (np.transpose(x, attrs["perm"]).copy(order="C"),)
 
 
 def _transpose_vjp(b, op, cotangents):

@@ -24,7 +24,11 @@ from ..types import TensorType
 #   ints               a list of integer literals, e.g. a permutation
 #   dim                one dimension expression (an int literal or a const)
 #   axis               one integer literal, negative counts from the end
-PARAM_KINDS = frozenset({"tensor", "tensor_or_literal", "dims", "ints", "dim", "axis"})
+# and, for internal ops only (built by the compiler, never bound from a surface call):
+#   number             an int or float value
+#   dtype              an element type name ("f32", "f64", "i64")
+PARAM_KINDS = frozenset({"tensor", "tensor_or_literal", "dims", "ints", "dim", "axis",
+                         "number", "dtype"})
 
 _NO_DEFAULT = object()
 
@@ -85,6 +89,10 @@ class OpDef:
     mlir: Callable | None = None
     # Internal ops are produced by the compiler, not written by users.
     internal: bool = False
+    # Ops that read by integer ids: (operation) -> (position of the ids operand, the
+    # exclusive upper bound every id must lie below). The --run driver draws placeholder
+    # ids from [0, bound).
+    ids_bound: Callable[[Any], tuple[int, int]] | None = None
 
     @property
     def operand_params(self) -> tuple[Param, ...]:
