@@ -94,7 +94,7 @@ def test_a_chain_of_calls_compiles_in_linear_time(monkeypatch):
     module = compile_source(texts[1200], "chain1200.kina")
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
     assert np.allclose(module.g1199(x), 0.0) and np.allclose(module.g3(x), np.tanh(x) / 8)
-    assert sorted(module.plans._plans) == ["g1199", "g3"]  # nothing else was planned
+    assert sorted(module.plans.planned) == ["g1199", "g3"]  # nothing else was planned
 
 
 def test_inlining_a_chain_is_linear():
