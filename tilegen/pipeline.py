@@ -138,6 +138,11 @@ class PlanTable(Mapping[str, KernelPlan]):
                 self._plans[name] = KernelPlan(prepared, kernel)
             return self._plans[name]
 
+    @property
+    def planned(self) -> tuple[str, ...]:
+        """The functions planned so far."""
+        return tuple(self._plans)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
