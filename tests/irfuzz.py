@@ -196,7 +196,47 @@ def soup_ir(draw) -> str:
         return "func @f() -> () {\n  return\n}\n"
 
 
-ir_texts = st.one_of(mutated_ir(), soup_ir())
+@st.composite
+def rewritten_ir(draw) -> str:
+    """A valid program with one operation changed where the printer cannot see a problem:
+    its result type, its op (another of the same arity), an attribute, or its operands.
+    Such text parses; the verifier has to find what is wrong (or that nothing is)."""
+    program = parse_ir(draw(st.sampled_from(seed_texts())))
+    function = draw(st.sampled_from(program.functions))
+    if not function.body:
+        return format_program(program)
+    position = draw(st.integers(0, len(function.body) - 1))
+    op = function.body[position]
+    change = draw(st.sampled_from(("type", "op", "attr", "operands")))
+    if change == "type":
+        results = tuple(Value(r.name, draw(_types)) for r in op.results)
+        op = Operation(op.op, op.operands, results, op.attrs, op.span)
+    elif change == "op":
+        same = sorted(n for n, d in REGISTRY.items()
+                      if len(d.operand_params) == len(op.operands)) or [op.op]
+        op = Operation(draw(st.sampled_from(same)), op.operands, op.results, op.attrs, op.span)
+    elif change == "attr" and op.attrs:
+        name, _ = draw(st.sampled_from(op.attrs))
+        definition = REGISTRY.get(op.op)
+        kind = next((p.kind for p in definition.attr_params if p.name == name), "dim") \
+            if definition else "dim"
+        value = _attr_value(draw, kind, list(op.operands))
+        op = Operation(op.op, op.operands, op.results,
+                       make_attrs(**{**op.attr_dict, name: value}), op.span)
+    elif op.operands:
+        defined = list(function.params) + [r for o in function.body[:position] for r in o.results]
+        operands = tuple(draw(st.sampled_from(defined)) for _ in op.operands)
+        op = Operation(op.op, operands, op.results, op.attrs, op.span)
+    body = function.body[:position] + (op,) + function.body[position + 1:]
+    changed = Function(function.name, function.params, body, function.results,
+                       function.is_main, function.span)
+    try:
+        return format_program(program.replace_function(changed))
+    except (TypeError, ValueError):  # an attribute value the printer has no form for
+        return format_program(program)
+
+
+ir_texts = st.one_of(mutated_ir(), soup_ir(), rewritten_ir())
 
 
 # ---- the property ---------------------------------------------------------------------------

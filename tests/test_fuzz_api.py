@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
-from tests.irfuzz import check_case, mutated_ir, soup_ir
+from tests.irfuzz import check_case, mutated_ir, rewritten_ir, soup_ir
 
 ROOT = Path(__file__).resolve().parents[1]
 # The child campaign sets this to run more examples of the same tests.
@@ -39,6 +39,12 @@ def test_op_soup_compiles_or_is_a_kina_error(text: str) -> None:
     OUTCOMES[check_case(text)] += 1
 
 
+@SETTINGS
+@given(rewritten_ir())
+def test_rewritten_ir_compiles_or_is_a_kina_error(text: str) -> None:
+    OUTCOMES[check_case(text)] += 1
+
+
 def test_the_soup_reaches_compiled_code() -> None:
     """The generators are not all rejected: well-typed soup compiles and runs (so the
     property above compares numbers, not just error kinds)."""
@@ -53,11 +59,12 @@ def test_the_soup_reaches_compiled_code() -> None:
 
 
 def test_campaign_in_a_child_process_never_crashes() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TILEGEN_IR_FUZZ_EXAMPLES="400")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TILEGEN_IR_FUZZ_EXAMPLES="300")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
          "--hypothesis-seed=17", f"{__file__}::test_mutated_ir_compiles_or_is_a_kina_error",
-         f"{__file__}::test_op_soup_compiles_or_is_a_kina_error"],
+         f"{__file__}::test_op_soup_compiles_or_is_a_kina_error",
+         f"{__file__}::test_rewritten_ir_compiles_or_is_a_kina_error"],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, check=False)
     assert result.returncode == 0, (
         f"child exited {result.returncode} (negative: killed by that signal)\n"
