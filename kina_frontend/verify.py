@@ -321,7 +321,7 @@ def _expected_types(program, function, op: Operation, fail) -> tuple[TensorType,
         # The rules resolve a negative axis and reshape's -1; lowering reads the attributes
         # as they stand, so the IR must hold them resolved (as the checker writes them).
         for name, value in op.attrs:
-            if freeze_attr(attrs[name]) != value:
+            if attrs[name] is not value and freeze_attr(attrs[name]) != value:
                 raise fail(f"'{op.op}' attribute {name} = {format_attr(value)} must be written "
                            f"resolved, as {format_attr(freeze_attr(attrs[name]))}")
         return types
