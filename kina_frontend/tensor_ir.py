@@ -282,7 +282,8 @@ class _IRParser:
         return Program(tuple(constants), tuple(functions))
 
     def integer(self, token: _Token) -> int:
-        value = int(token.text)
+        # Length first: int() of a few thousand digits raises (CPython's digit limit).
+        value = int(token.text) if len(token.text.lstrip("-")) <= 20 else MAX_IR_INT + 1
         if abs(value) > MAX_IR_INT:
             raise self.fail(f"integer {token.text[:30]} is out of the I64 range", token)
         return value

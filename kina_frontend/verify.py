@@ -159,7 +159,8 @@ def verify_function(program: Program | None, function: Function) -> None:
         defined[param.name] = param.type
     for position, op in enumerate(function.body):
         def fail(message: str, position=position, op=op) -> IRVerifyError:
-            return IRVerifyError(f"@{function.name}: {message}", op.span or function.span,
+            # An operation without a span (built in Python) is shown in its context instead.
+            return IRVerifyError(f"@{function.name}: {message}", op.span,
                                  _context(function, position))
         for operand in op.operands:
             if operand.name not in defined:
@@ -170,6 +171,9 @@ def verify_function(program: Program | None, function: Function) -> None:
         for result in op.results:
             if result.name in defined:
                 raise fail(f"%{result.name} is defined twice")
+        names = [name for name, _ in op.attrs]
+        if len(set(names)) != len(names):
+            raise fail(f"'{op.op}' has an attribute given twice: {format_attrs(op)}")
         expected = _expected_types(program, function, op, fail)
         actual = tuple(r.type for r in op.results)
         if len(expected) != len(actual) or not all(
@@ -321,7 +325,7 @@ def _expected_types(program, function, op: Operation, fail) -> tuple[TensorType,
         # The rules resolve a negative axis and reshape's -1; lowering reads the attributes
         # as they stand, so the IR must hold them resolved (as the checker writes them).
         for name, value in op.attrs:
-            if freeze_attr(attrs[name]) != value:
+            if attrs[name] is not value and freeze_attr(attrs[name]) != value:
                 raise fail(f"'{op.op}' attribute {name} = {format_attr(value)} must be written "
                            f"resolved, as {format_attr(freeze_attr(attrs[name]))}")
         return types

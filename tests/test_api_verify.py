@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tilegen
-from kina_frontend import KinaError, interpret, parse_ir
+from kina_frontend import KinaError, Operation, interpret, parse_ir
 from kina_frontend.ops import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,3 +232,20 @@ def test_honest_reverse_mode_through_the_api_matches_the_interpreter() -> None:
     loss, grad = tilegen.compile_program(program).f(a)
     np.testing.assert_allclose(loss, a.sum(), rtol=1e-5)
     np.testing.assert_array_equal(grad, np.ones((3, 5), np.float32))
+
+
+def test_hand_built_program_without_spans_gets_the_context_as_a_note() -> None:
+    """A Program built in Python has no spans: the error shows the operations around the
+    failing one instead, and an attribute given twice is refused."""
+    import dataclasses
+
+    program = parse_ir(_ir("sum", "f32[3]"))
+    function = program.functions[0]
+    (op,) = function.body
+    for attrs in ((("axis", 1), ("axis", 0)), (("axis", 0),)):
+        bad = dataclasses.replace(function, body=(Operation(op.op, op.operands, op.results,
+                                                            attrs),))
+        with pytest.raises(KinaError) as info:
+            tilegen.compile_program(program.replace_function(bad))
+        assert info.value.span is None and info.value.code == "K750"
+        assert ">> %r = sum(%a0) {axis = " in str(info.value)

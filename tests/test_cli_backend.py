@@ -115,3 +115,19 @@ def test_id_limits_come_from_every_id_reading_op():
         "        Tensor[F32, [4, 6], @host], Tensor[F32, [4, 2], @host]) {\n"
         "  return (gather(t, a), scatter_add(u, b, 5), one_hot(c, 6), gather(t, c));\n}\n")
     assert id_limits(program.function("f")) == {"a": 9, "b": 5, "c": 6}
+
+
+def test_run_out_of_memory_is_a_diagnostic(monkeypatch, capsys):
+    """A MemoryError while --run makes the placeholders or runs @main ends as K900 at the
+    @main (simulated: a real one would take the machine's memory)."""
+    from tilegen import compile as cli
+    from tilegen import driver
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(driver, "placeholder_values", no_memory)
+    assert cli.main(["storylm0_forward.kina", "--run"]) == 1
+    error = capsys.readouterr().err
+    assert re.match(r"\S+storylm0_forward\.kina:\d+:\d+: error\[K900\]: @main: not enough "
+                    r"memory for its placeholder values", error), error

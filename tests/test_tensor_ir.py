@@ -309,3 +309,40 @@ def test_generated_programs_round_trip(text: str) -> None:
 def test_malformed_ir_raises_ir_parse_error(text: str, fragment: str) -> None:
     with pytest.raises(IRParseError, match=fragment.replace("[", r"\[")):
         parse_ir(text)
+
+
+@pytest.mark.parametrize("text, line, column, fragment", [
+    ("func @f(%x: f32[2]) -> (f32[2]) {\n  %y = exp(%z) : f32[2]\n  return %y\n}\n",
+     2, 12, "use of undefined value %z"),
+    ("func @f(%x: f32[2]) -> (f32[2]) {\n  return %q\n}\n", 2, 10, "undefined value %q"),
+    ("func @f(%x: f32[2]) -> (f32[3]) {\n  return %x\n}\n", 2, 3, "declares results"),
+    ("func @f(%x: bf16[2]) -> () {\n  return\n}\n", 1, 13, "expected an element type"),
+    ("func @f(%x: f32[2]) -> () {\n  %a, %b = exp(%x) : f32[2]\n  return\n}\n", 2, 12,
+     "binds 2 result(s) but gives 1 type(s)"),
+    ("func @f(%x: f32[2]) -> () {\n  %x = exp(%x) : f32[2]\n  return\n}\n", 2, 3,
+     "%x is defined twice"),
+    ("func @f(%x: f32[2], %x: f32[2]) -> () {\n  return\n}\n", 1, 21, "declared twice"),
+    ("const T = 4\nconst T = 5\n", 2, 7, "defined twice"),
+    ("const T = x\n", 1, 11, "expected a positive integer"),
+    ("func @f(%x: f32[2]) -> () {\n  %y = sum(%x) {axis = 1, axis = 0} : f32[]\n  return\n}\n",
+     2, 27, "given twice"),
+    ("func @f(%x: f32[" + "9" * 5000 + "]) -> () {\n  return\n}\n", 1, 17,
+     "out of the I64 range"),
+    ("func @f(%x: f32[T**99]) -> () {\n  return\n}\n", 1, 17, "expected a dimension"),
+    ("const T = 2\nfunc @f(%x: f32[T**99]) -> () {\n  return\n}\n", 2, 19, "exponent"),
+    ("func @f(%x: f32[2]) -> () {\n  %y = sum(%x) {axis = " + "[" * 500 + "} : f32[]\n}\n",
+     2, 124, "nested more than 100 levels"),
+    ("func @f(%x: f32[" + "(" * 3000 + "1]) -> () {\n  return\n}\n", 1, 117, "nested"),
+    ("func @f(%x: f32[2]) -> () {\n  %y = exp(%x) : f32[2]\n", 3, 1, "the end of the IR"),
+    ('func @f(%x: f32[2]) -> () {\n  %y = "exp"(%x) : f32[2]\n  return\n}\n', 2, 8,
+     "expected an op name"),
+])
+def test_every_malformed_ir_text_is_a_kina_error_at_its_place(text, line, column,
+                                                               fragment) -> None:
+    from kina_frontend import KinaError
+
+    with pytest.raises(KinaError) as info:
+        parse_ir(text)
+    error = info.value
+    assert (error.code, error.line, error.column) == ("K750", line, column), str(error)
+    assert fragment in error.message, str(error)

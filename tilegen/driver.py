@@ -118,7 +118,11 @@ def _run_main(program: Program, seed: int) -> int:
     from . import config
 
     inlined = inline_calls(program, main, config.load().max_inlined_ops)
-    inputs = placeholder_values(inlined, seed)
+    try:
+        inputs = placeholder_values(inlined, seed)
+    except MemoryError:
+        raise KinaError("run", f"@{main.name}: not enough memory for its placeholder values",
+                        main.span) from None
     module = compile_program(program, names=(main.name,))
     compiled = getattr(module, main.name)
     started = time.perf_counter()
