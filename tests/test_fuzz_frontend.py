@@ -161,9 +161,11 @@ def test_10000_functions_and_10000_consts():
                           for i in range(10_000))
     consts = "\n".join(["const C0 = 1;"] + [f"const C{i} = C{i - 1} + 1;" for i in range(1, 3000)])
     for text in (functions, consts):
-        started = time.perf_counter()
+        # CPU time, with a wide bound: this guards against a hang or a quadratic checker
+        # (test_compile_scaling.py measures the growth), not a speed.
+        started = time.process_time()
         specialize(check_source(Source("many.kina", text)))
-        assert time.perf_counter() - started < 15
+        assert time.process_time() - started < 30
 
 
 @pytest.mark.parametrize("callers_first", [True, False])
