@@ -3,6 +3,7 @@ on hypothesis-generated shapes that include sizes that are not multiples of 16."
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +11,15 @@ from hypothesis import strategies as st
 
 from kina_frontend import interpret, parse_ir, program_from_text
 from kina_frontend.ops import REGISTRY
+from kina_frontend.ops.activations import UNARY_ACTIVATIONS
+from kina_frontend.ops.compare import COMPARISON_OPS
 from tilegen.api import compile_program
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "BF16": ml_dtypes.bfloat16}
+CAST_PAIRS = [(s, t) for s in ("F32", "F64", "I64", "BF16", "BOOL")
+              for t in ("F32", "F64", "I64", "BF16", "BOOL")
+              if s != t and not (s in ("I64", "BOOL") and t in ("I64", "BOOL"))] + \
+    [("I64", "BOOL"), ("BOOL", "I64")]
 
 ODD_SIZES = (1, 3, 17, 31, 33)
 SIZES = st.sampled_from(ODD_SIZES + (2, 4, 8, 16, 64))
@@ -45,15 +54,40 @@ def op_cases(draw, opname):
         inputs = [_floats(rng, shape)] + ([] if literal else [_floats(rng, shape,
                                                                       opname == "div")])
         return (f"fn f({params}) -> {_ty(shape)} {{ return {opname}(a, {b}); }}", inputs)
-    if opname in ("neg", "exp", "log", "sqrt", "tanh"):
+    if opname in ("neg", "exp", "log", "sqrt", "tanh") + UNARY_ACTIVATIONS:
         shape = _shape(draw)
-        return (f"fn f(a: {_ty(shape)}) -> {_ty(shape)} {{ return {opname}(a); }}",
-                [_floats(rng, shape, opname in ("log", "sqrt"))])
+        data = _floats(rng, shape, opname in ("log", "sqrt", "rsqrt")) * np.float32(
+            4 if opname in ("erf", "gelu", "gelu_tanh", "sigmoid", "silu") else 1)
+        return (f"fn f(a: {_ty(shape)}) -> {_ty(shape)} {{ return {opname}(a); }}", [data])
+    if opname == "pow":
+        shape = _shape(draw)
+        p = draw(st.sampled_from([2, 3, -1, 0.5, -0.5, 1.7, 0, -2.25]))
+        return (f"fn f(a: {_ty(shape)}) -> {_ty(shape)} {{ return pow(a, {p}); }}",
+                [_floats(rng, shape, True)])
+    if opname in COMPARISON_OPS + ("maximum", "minimum"):
+        shape = _shape(draw)
+        out = _ty(shape, "BOOL") if opname in COMPARISON_OPS else _ty(shape)
+        data = [np.round(_floats(rng, shape)) for _ in range(2)]  # ties
+        if draw(st.booleans()):
+            return (f"fn f(a: {_ty(shape)}) -> {out} {{ return {opname}(a, 0.0); }}", data[:1])
+        return (f"fn f(a: {_ty(shape)}, b: {_ty(shape)}) -> {out} {{ return {opname}(a, b); }}",
+                data)
+    if opname == "where":
+        shape = _shape(draw)
+        other = draw(st.sampled_from(["b", "-1e9"]))
+        return (f"fn f(c: {_ty(shape, 'BOOL')}, a: {_ty(shape)}, b: {_ty(shape)}) -> "
+                f"{_ty(shape)} {{ return where(c, a, {other}); }}",
+                [rng.random(shape) < 0.5, _floats(rng, shape), _floats(rng, shape)])
+    if opname == "iota":
+        shape = _shape(draw)
+        axis = draw(st.integers(-len(shape), len(shape) - 1))
+        return (f"fn f() -> {_ty(shape, 'I64')} {{ return iota(shape={list(shape)}, "
+                f"axis={axis}); }}", [])
     if opname == "fill":
         shape = _shape(draw)
         return (f"fn f(a: {_ty(shape)}) -> {_ty(shape)} {{ return add(a, 0.75); }}",
                 [_floats(rng, shape)])
-    if opname in ("sum", "max", "argmax", "softmax", "log_softmax"):
+    if opname in ("sum", "mean", "max", "min", "argmax", "softmax", "log_softmax"):
         shape = _shape(draw)
         axis = draw(st.integers(-len(shape), len(shape) - 1))
         positive_axis = axis % len(shape)
@@ -61,7 +95,7 @@ def op_cases(draw, opname):
             shape[:positive_axis] + shape[positive_axis + 1:]
         dtype = "I64" if opname == "argmax" else "F32"
         data = _floats(rng, shape)
-        if opname in ("argmax", "max") and draw(st.booleans()):
+        if opname in ("argmax", "max", "min") and draw(st.booleans()):
             data = np.round(data)  # many ties: argmax must pick the first
         return (f"fn f(a: {_ty(shape)}) -> {_ty(out, dtype)} "
                 f"{{ return {opname}(a, axis={axis}); }}", [data])
@@ -107,20 +141,17 @@ def op_cases(draw, opname):
                 f"{_ty((rows, width))} {{ return scatter_add(u, i, {rows}); }}",
                 [_floats(rng, ids_shape + (width,)), ids])
     if opname == "cast":
-        # `cast` is internal (autodiff emits it): the case is written as tensor IR.
         shape = _shape(draw)
-        source, target = draw(st.sampled_from([("i64", "f32"), ("f32", "f64"),
-                                                ("f64", "f32"), ("i64", "f64")]))
-        dims = ", ".join(str(d) for d in shape)
-        text = (f"func @f(%x: {source}[{dims}]) -> ({target}[{dims}]) {{\n"
-                f"  %y = cast(%x) {{dtype = \"{target}\"}} : {target}[{dims}]\n"
-                "  return %y\n}\n")
-        if source == "i64":
+        source, target = draw(st.sampled_from(CAST_PAIRS))
+        if source == "I64":
             data = rng.integers(-1000, 1000, shape)
+        elif source == "BOOL":
+            data = rng.random(shape) < 0.5
         else:
-            data = (rng.standard_normal(shape) * 100).astype(
-                np.float32 if source == "f32" else np.float64)
-        return ("IR:" + text, [data])
+            data = (rng.standard_normal(shape) * 100).astype(DTYPES[source])
+            data.flat[::3] = 0  # cast to BOOL: zeros are false
+        return (f"fn f(a: {_ty(shape, source)}) -> {_ty(shape, target)} "
+                f"{{ return cast(a, {target}); }}", [data])
     if opname == "one_hot":
         n = draw(SIZES)
         ids_shape = _shape(draw, 1, 2, 256)
@@ -131,7 +162,8 @@ def op_cases(draw, opname):
 
 COVERED = ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "fill", "sum",
            "max", "argmax", "softmax", "log_softmax", "matmul", "transpose", "reshape",
-           "broadcast", "gather", "one_hot", "scatter_add", "cast")
+           "broadcast", "gather", "one_hot", "scatter_add", "cast", "pow", "where", "iota",
+           "maximum", "minimum", "mean", "min") + UNARY_ACTIVATIONS + COMPARISON_OPS
 
 
 def test_every_registry_op_is_covered():
@@ -143,8 +175,12 @@ def _compare(source, inputs, jit):
     program = parse_ir(source[3:]) if source.startswith("IR:") else program_from_text(source)
     (expected,) = interpret(program, "f", *inputs)
     got = compile_program(program, jit=jit).f(*inputs)
-    if expected.dtype == np.int64:
-        np.testing.assert_array_equal(got, expected)
+    assert got.dtype == expected.dtype
+    if expected.dtype in (np.int64, np.bool_, DTYPES["BF16"]):
+        # Integers, BOOL and BF16 exactly: a BF16 result is its f32 value rounded once.
+        np.testing.assert_array_equal(got.view(np.uint16) if expected.dtype == DTYPES["BF16"]
+                                      else got, expected.view(np.uint16) if
+                                      expected.dtype == DTYPES["BF16"] else expected)
     else:
         scale = max(1.0, float(np.max(np.abs(expected))))
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-6 * scale)
