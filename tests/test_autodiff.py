@@ -143,6 +143,25 @@ def op_cases(draw, opname: str) -> OpCase:
                               t["a"], torch.full_like(t["a"], 0.25)))
         return OpCase(f"{opname}(a, b)", (Arg("a", shape), Arg("b", shape)), shape,
                       lambda torch, t: getattr(torch, opname)(t["a"], t["b"]))
+    if opname in ("layer_norm", "rms_norm"):
+        shape = _shape(draw)
+        axis = draw(st.integers(-len(shape), len(shape) - 1))
+        width = (shape[axis],)
+        if shape[axis] == 1:  # a one-element row normalises to 0: no gradient to check
+            shape = shape[:axis % len(shape)] + (3,) + shape[axis % len(shape) + 1:]
+            width = (3,)
+        args = (Arg("a", shape), Arg("g", width)) + ((Arg("b", width),)
+                                                    if opname == "layer_norm" else ())
+        names = ", ".join(a.name for a in args)
+
+        def torch_norm(torch, t):
+            x = t["a"].movedim(axis, -1)
+            if opname == "layer_norm":
+                y = torch.nn.functional.layer_norm(x, width, t["g"], t["b"], 0.01)
+            else:
+                y = x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + 0.01) * t["g"]
+            return y.movedim(-1, axis)
+        return OpCase(f"{opname}({names}, axis={axis}, eps=0.01)", args, shape, torch_norm)
     if opname == "where":
         shape = _shape(draw)
         return OpCase("where(keep, a, b)", (Arg("keep", shape, "mask"), Arg("a", shape),
@@ -206,7 +225,7 @@ def op_cases(draw, opname: str) -> OpCase:
 GRADIENT_CASES = ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "gather",
                   "scatter_add", "broadcast", "reshape", "transpose", "matmul", "sum", "max",
                   "softmax", "log_softmax", "pow", "maximum", "minimum", "where", "mean",
-                  "min") + tuple(TORCH_UNARY)
+                  "min", "layer_norm", "rms_norm") + tuple(TORCH_UNARY)
 IR_GRADIENT_CASES = ("cast",)
 
 

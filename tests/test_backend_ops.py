@@ -78,6 +78,16 @@ def op_cases(draw, opname):
         return (f"fn f(c: {_ty(shape, 'BOOL')}, a: {_ty(shape)}, b: {_ty(shape)}) -> "
                 f"{_ty(shape)} {{ return where(c, a, {other}); }}",
                 [rng.random(shape) < 0.5, _floats(rng, shape), _floats(rng, shape)])
+    if opname in ("layer_norm", "rms_norm"):
+        shape = _shape(draw)
+        axis = draw(st.integers(-len(shape), len(shape) - 1))
+        width = (shape[axis % len(shape)],)
+        names = ("x", "g", "b") if opname == "layer_norm" else ("x", "g")
+        params = ", ".join(f"{n}: {_ty(shape if n == 'x' else width)}" for n in names)
+        data = [_floats(rng, shape) * np.float32(3) + np.float32(2)] + \
+            [_floats(rng, width) for _ in names[1:]]
+        return (f"fn f({params}) -> {_ty(shape)} {{ return {opname}({', '.join(names)}, "
+                f"axis={axis}, eps=1e-5); }}", data)
     if opname == "iota":
         shape = _shape(draw)
         axis = draw(st.integers(-len(shape), len(shape) - 1))
@@ -163,7 +173,8 @@ def op_cases(draw, opname):
 COVERED = ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "fill", "sum",
            "max", "argmax", "softmax", "log_softmax", "matmul", "transpose", "reshape",
            "broadcast", "gather", "one_hot", "scatter_add", "cast", "pow", "where", "iota",
-           "maximum", "minimum", "mean", "min") + UNARY_ACTIVATIONS + COMPARISON_OPS
+           "maximum", "minimum", "mean", "min", "layer_norm", "rms_norm") + UNARY_ACTIVATIONS + \
+    COMPARISON_OPS
 
 
 def test_every_registry_op_is_covered():
@@ -245,3 +256,36 @@ fn f(a: Tensor[F64, [1, 2, 2], @host]) -> Tensor[F32, [2, 2, 1], @host] {
 }"""
     got = compile_program(program_from_text(source)).f(np.ones((1, 2, 2)))
     np.testing.assert_array_equal(got, np.ones((2, 2, 1), np.float32))
+
+
+TRANSFORMER_BLOCKS = {
+    # A padding-masked softmax over attention scores, the mask built from positions.
+    "masked_softmax": ("fn f(s: Tensor[F32, [2, 3, 37, 37], @host], keep: Tensor[BOOL, "
+                       "[2, 3, 37, 37], @host]) -> Tensor[F32, [2, 3, 37, 37], @host] {\n"
+                       "  let future = greater(iota(shape=[2, 3, 37, 37], axis=3), "
+                       "iota(shape=[2, 3, 37, 37], axis=2));\n"
+                       "  return softmax(where(keep, where(future, -1e9, s * 0.125), -1e9), "
+                       "axis=3);\n}"),
+    # A GELU epilogue on a matmul big enough for the packed kernel, then layer norm rows.
+    "ffn_block": ("fn f(x: Tensor[F32, [67, 96], @host], w: Tensor[F32, [96, 161], @host], "
+                  "g: Tensor[F32, [161], @host], b: Tensor[F32, [161], @host]) -> "
+                  "Tensor[F32, [67, 161], @host] {\n"
+                  "  return layer_norm(gelu(x @ w) + 1.0, g, b, axis=1, eps=1e-12);\n}"),
+    "rms_silu": ("fn f(x: Tensor[F32, [33, 48], @host], g: Tensor[F32, [48], @host]) -> "
+                 "Tensor[F32, [33, 48], @host] {\n"
+                 "  return silu(rms_norm(x, g, axis=-1, eps=1e-6)) * sigmoid(x);\n}"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMER_BLOCKS))
+def test_transformer_blocks_match_the_interpreter(name):
+    program = program_from_text(TRANSFORMER_BLOCKS[name])
+    rng = np.random.default_rng(7)
+    inputs = []
+    for param in program.function("f").params:
+        shape = param.type.concrete_shape
+        inputs.append(rng.random(shape) < 0.8 if param.type.dtype.kina_name == "BOOL"
+                      else rng.standard_normal(shape).astype(np.float32))
+    (expected,) = interpret(program, "f", *inputs)
+    got = compile_program(program).f(*inputs)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

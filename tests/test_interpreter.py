@@ -93,6 +93,8 @@ ORACLE_TESTS = {
     "where": ["test_where"],
     "iota": ["test_iota"],
     "mean": ["test_mean_min"],
+    "layer_norm": ["test_norms"],
+    "rms_norm": ["test_norms"],
     "min": ["test_mean_min"],
     "gather": ["test_gather", "test_out_of_range_ids"],
     "scatter_add": ["test_scatter_add", "test_out_of_range_ids"],
@@ -782,3 +784,26 @@ def test_source_casts() -> None:
             continue
         # Round to nearest, ties to even, on the upper 16 bits.
         assert got == (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+@SETTINGS
+@given(shapes, seeds, st.sampled_from(["layer_norm", "rms_norm"]))
+def test_norms(shape, seed, op) -> None:
+    x = floats(seed, shape) + np.float32(1)
+    width = shape[-1]
+    gamma, beta = floats(seed + 1, (width,)), floats(seed + 2, (width,))
+    vec = ktype("F32", (width,))
+    params = f"x: {ktype('F32', shape)}, g: {vec}" + (f", b: {vec}" if op == "layer_norm" else "")
+    call = "layer_norm(x, g, b" if op == "layer_norm" else "rms_norm(x, g"
+    text = f"fn f({params}) -> {ktype('F32', shape)} {{ return {call}, axis=-1, eps=0.001); }}"
+    args = (x, gamma, beta) if op == "layer_norm" else (x, gamma)
+    (out,) = run(text, *args)
+    for index in np.ndindex(*shape[:-1]):
+        row = [float(x[index + (j,)]) for j in range(width)]
+        shift = math.fsum(row) / width if op == "layer_norm" else 0.0
+        spread = math.fsum((v - shift) ** 2 for v in row) / width
+        for j, v in enumerate(row):
+            want = (v - shift) / math.sqrt(spread + 0.001) * float(gamma[j])
+            if op == "layer_norm":
+                want += float(beta[j])
+            np.testing.assert_allclose(out[index + (j,)], want, rtol=2e-6, atol=2e-6)

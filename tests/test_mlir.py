@@ -218,6 +218,12 @@ CASES += [
     Case("cast_bool", fn(f"x: {f32(6)}", f32(6), "return cast(cast(x, BOOL), F32);")),
     Case("cast_i64", fn(f"x: {f32(6)}", i64(6), "return cast(mul(x, 10.0), I64);")),
     Case("cast_bool_i64", fn(f"c: {bool_(6)}", i64(6), "return cast(c, I64);")),
+    Case("layer_norm", fn(f"x: {f32(3, 5)}, g: {f32(5)}, b: {f32(5)}", f32(3, 5),
+                          "return layer_norm(x, g, b, axis=1, eps=1e-5);")),
+    Case("layer_norm_axis0", fn(f"x: {f32(4, 3)}, g: {f32(4)}, b: {f32(4)}", f32(4, 3),
+                                "return layer_norm(x, g, b, axis=0, eps=1e-5);")),
+    Case("rms_norm", fn(f"x: {f32(2, 3, 6)}, g: {f32(6)}", f32(2, 3, 6),
+                        "return rms_norm(x, g, axis=-1, eps=1e-6);")),
 ]
 CASES += [Case(name, fn(f"x: {f32(3, 4)}, y: {f32(3, 4)}", bool_(3, 4),
                         f"return {name}(x, y);"), ties=True)

@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (registration)
     indexing,
     layout,
     linalg,
+    norms,
     reductions,
 )
 from .registry import REGISTRY, OpDef, Param, lookup
