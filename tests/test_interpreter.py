@@ -94,6 +94,8 @@ ORACLE_TESTS = {
     "iota": ["test_iota"],
     "mean": ["test_mean_min"],
     "layer_norm": ["test_norms"],
+    "concat": ["test_concat_slice"],
+    "slice": ["test_concat_slice"],
     "rms_norm": ["test_norms"],
     "min": ["test_mean_min"],
     "gather": ["test_gather", "test_out_of_range_ids"],
@@ -807,3 +809,27 @@ def test_norms(shape, seed, op) -> None:
             if op == "layer_norm":
                 want += float(beta[j])
             np.testing.assert_allclose(out[index + (j,)], want, rtol=2e-6, atol=2e-6)
+
+
+@SETTINGS
+@given(shapes, seeds, st.integers(1, 3))
+def test_concat_slice(shape, seed, width) -> None:
+    x = floats(seed, shape)
+    y = floats(seed + 1, shape[:-1] + (width,))
+    axis = len(shape) - 1
+    joined = shape[:-1] + (shape[-1] + width,)
+    text = (f"fn f(x: {ktype('F32', shape)}, y: {ktype('F32', shape[:-1] + (width,))}) -> "
+            f"{ktype('F32', shape[:-1] + (width,))} {{\n"
+            f"  let j = concat(x, y, axis={axis});\n"
+            f"  return slice(j, axis={axis}, start={shape[-1]}, size={width});\n}}")
+    (out,) = run(text, x, y)
+    np.testing.assert_array_equal(out, y)  # the slice after x is y again
+    text = (f"fn f(x: {ktype('F32', shape)}, y: {ktype('F32', shape[:-1] + (width,))}) -> "
+            f"{ktype('F32', joined)} {{ return concat(x, y, axis={axis}); }}")
+    (out,) = run(text, x, y)
+    for index in np.ndindex(*joined):
+        source = x if index[-1] < shape[-1] else y
+        position = index[:-1] + (index[-1] % shape[-1] if source is y else index[-1],)
+        if source is y:
+            position = index[:-1] + (index[-1] - shape[-1],)
+        assert out[index] == source[position]
