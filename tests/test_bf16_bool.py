@@ -191,3 +191,27 @@ def test_bf16_programs_round_once_from_f32(name):
         apart = np.where(tail, 0, apart)
     assert apart.max() <= 1
     assert np.mean(bits_got == bits_want) >= 0.98
+
+
+def test_bf16_gradients_compile_like_the_interpreter():
+    source = """
+fn loss(x: Tensor[BF16, [4, 8], @host], g: Tensor[BF16, [8], @host],
+        b: Tensor[BF16, [8], @host]) -> Tensor[BF16, [], @host] {
+  return sum(sum(gelu(layer_norm(x, g, b, axis=1)), axis=1), axis=0);
+}
+fn grad(x: Tensor[BF16, [4, 8], @host], g: Tensor[BF16, [8], @host],
+        b: Tensor[BF16, [8], @host]) -> (Tensor[BF16, [], @host], Tensor[BF16, [4, 8], @host],
+                                         Tensor[BF16, [8], @host], Tensor[BF16, [8], @host]) {
+  let (v, dx, dg, db) = reverseMode(loss, wrt=[x, g, b])(x, g, b);
+  return (v, dx, dg, db);
+}"""
+    program = program_from_text(source)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((4, 8)).astype(BF16), rng.standard_normal(8).astype(BF16),
+            rng.standard_normal(8).astype(BF16)]
+    want = interpret(program, "grad", *args)
+    got = compile_program(program).grad(*args)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == BF16
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2**-7,
+                                   atol=1e-3)
