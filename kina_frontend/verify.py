@@ -61,6 +61,12 @@ class RuleContext:
     def record(self, kind: str, claim: str) -> None:
         pass
 
+    def prove_at_most(self, lhs, rhs, kind: str, claim: str, message: str,
+                      at: str | None = None) -> None:
+        gap = sympy.expand(sympy.sympify(rhs) - sympy.sympify(lhs))
+        if not (gap.is_nonnegative or gap.is_Integer and int(gap) >= 0):
+            raise ShapeRuleError(f"{self.opname}: {message}")
+
 
 def dims_equal(lhs, rhs) -> bool:
     if isinstance(lhs, int) and isinstance(rhs, int):
@@ -90,7 +96,8 @@ def infer_types(opname: str, operand_types: list[TensorType],
     if definition is None:
         raise ShapeRuleError(f"unknown op '{opname}'")
     expected = len(definition.operand_params)
-    if len(operand_types) != expected:
+    variadic = any(p.variadic for p in definition.operand_params)
+    if len(operand_types) != expected and not (variadic and len(operand_types) >= expected):
         raise ShapeRuleError(f"{opname}: expected {expected} operand(s), got "
                              f"{len(operand_types)}")
     missing = [p.name for p in definition.attr_params if p.name not in attrs]

@@ -216,7 +216,26 @@ CASES = [
          "declared at t.kina:1:"),
     Case("missing-return", f"fn f(x: {F23}) -> {F23} {{\n  let y = exp(x);\n}}\n", "type", 1, 4,
          "function 'f' declares a result but has no 'return'"),
-    Case("const-as-tensor", body("return add(x, T);"), "type", 3, 17,
+    # ---- the transformer ops ---------------------------------------------------------------
+    Case("where-float-cond", body("return where(x, x, 0.0);"), "type", 3, 16,
+         "'where' condition must be BOOL, got F32", "comparisons (less, equal, ...)"),
+    Case("less-on-bool", body("let m = less(x, 0.0);", "return where(less(m, m), x, x);"),
+         "type", 4, 21, "'less' orders numbers; BOOL operands only take equal and not_equal"),
+    Case("cast-identity", body("let j = cast(i, I64);", "return x;"), "type", 3, 19,
+         "'cast' from I64 to I64 is the identity"),
+    Case("cast-not-a-type", body("return cast(x, F8);"), "type", 3, 18,
+         "'cast' expects an element type: F32, F64, I64, BF16, BOOL"),
+    Case("pow-tensor-exponent", body("return pow(x, x);"), "type", 3, 17,
+         "'pow' expects a number (a literal or a const)"),
+    Case("slice-past-end", body("let s = slice(x, axis=1, start=2, size=T - 2);", "return x;"),
+         "shape", 3, 42, "'slice' takes [2, T) along axis 1 of f32[2, 3], past its 3 elements"),
+    Case("layer-norm-gamma", body("return layer_norm(x, sum(x, axis=1), sum(x, axis=0), "
+                                  "axis=1);"), "shape", 3, 24,
+         "'layer_norm' gamma has 2 elements, the normalised axis 1 of f32[2, 3] has 3"),
+    Case("concat-mismatch", body("return concat(x, transpose(x, [1, 0]), axis=0);"), "shape",
+         3, 10, "'concat' operand 1 f32[3, 2] differs from operand 0 f32[2, 3] at dim 1"),
+    # A const is a number where an op takes one (add(x, T) is x + 4.0), not a tensor.
+    Case("const-as-tensor", body("return add(exp(T), x);"), "type", 3, 18,
          "'T' is a const dimension, not a tensor"),
     Case("type-as-value", body(f"return add(x, {F23});"), "type", 3, 17,
          "a type is not a value here", "placeholder(Tensor[...])"),
@@ -322,8 +341,8 @@ CASES = [
     # ---- unsupported (K500) -------------------------------------------------------------------
     Case("device-placement", "fn f(x: Tensor[F32, [2], @device]) {}\n", "unsupported", 1, 27,
          "placement '@device' is not supported", "use @host"),
-    Case("bf16", "fn f(x: Tensor[BF16, [2], @host]) {}\n", "unsupported", 1, 16,
-         "element type BF16 is not supported yet"),
+    Case("f16", "fn f(x: Tensor[F16, [2], @host]) {}\n", "unsupported", 1, 16,
+         "element type F16 is not supported yet"),
     Case("self-recursion", src(f"""
         fn f(x: {F23}) -> {F23} {{
           return f(x);

@@ -26,6 +26,8 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 
+from kina_frontend.types import DType
+
 from .config import MEMORY_CACHE_ENTRIES
 from .target import compiler_identity
 
@@ -111,7 +113,10 @@ class DiskCache:
         return cls(directory)
 
     def _entry(self, key: str) -> Path:
-        return self.root / key[:2] / key
+        # Native entries compare dtype numbers, and bfloat16's is assigned when ml_dtypes
+        # registers it in this process: stored code is only reused under the same number.
+        salted = hashlib.sha256(f"{key}\0bf16={DType.BF16.numpy.num}".encode()).hexdigest()
+        return self.root / salted[:2] / salted
 
     def load_plans(self, key: str):
         path = self._entry(key) / "plans.pickle"

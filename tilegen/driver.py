@@ -10,6 +10,7 @@ import numpy as np
 from kina_frontend.diagnostics import KinaError, Source
 from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Program
+from kina_frontend.types import DType
 
 from .loopir import format_kernel
 from .pipeline import assembly, codegen, plan_program, to_llvm
@@ -56,8 +57,8 @@ def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
     normal draws from numpy.random.default_rng(seed + k) for placeholder k; ids are drawn
     uniformly from [0, n) where n is the smallest bound of any op that reads them (a
     gather's table rows, a scatter_add's rows, a one_hot's class count; 8 when none
-    does). A seed + k below 0 is a diagnostic at placeholder k (NumPy seeds are
-    non-negative)."""
+    does); BOOL values are true with probability 1/2. A seed + k below 0 is a diagnostic
+    at placeholder k (NumPy seeds are non-negative)."""
     limits = id_limits(function)
     values = []
     for op in function.body:
@@ -73,6 +74,8 @@ def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
         shape = ttype.concrete_shape
         if ttype.dtype.is_float:
             values.append(rng.standard_normal(shape).astype(ttype.dtype.numpy))
+        elif ttype.dtype == DType.BOOL:
+            values.append(rng.random(shape) < 0.5)
         else:
             values.append(rng.integers(0, limits.get(op.result.name, 8), size=shape,
                                        dtype=np.int64))

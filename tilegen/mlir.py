@@ -47,14 +47,20 @@ MLIR_TRANSLATE = "mlir-translate-19"
 
 # mlir-opt-19 passes that take the emitted text to the LLVM dialect (then
 # `mlir-translate-19 --mlir-to-llvmir`): bufferize with identity layouts at function
-# boundaries (so returned views copy with a plain memcpy), results to out-params, linalg to
-# loops, then the standard conversions; math ops without an LLVM intrinsic (tanh) call libm.
+# boundaries (so returned views copy with a plain memcpy), CSE and canonicalize, results to
+# out-params, linalg to loops, then the standard conversions; math ops without an LLVM
+# intrinsic (tanh) call libm.
 # `llvm-request-c-wrappers` adds `_mlir_ciface_NAME` entry points taking one memref
 # descriptor pointer per argument and per result.
 LOWERING_PIPELINE = (
     "--llvm-request-c-wrappers",
     "--one-shot-bufferize=bufferize-function-boundaries "
     "function-boundary-type-conversion=identity-layout-map",
+    # Drops the self-copies in-place insert_slices leave behind (concat writes each operand
+    # straight into its slice of the result): CSE merges the two equal subviews, then
+    # canonicalization erases the copy of a subview onto itself.
+    "--cse",
+    "--canonicalize",
     "--buffer-results-to-out-params",
     "--convert-linalg-to-loops",
     "--expand-strided-metadata",
@@ -70,12 +76,14 @@ LOWERING_PIPELINE = (
     "--reconcile-unrealized-casts",
 )
 
-_ELEMENT_TYPES = {DType.F32: "f32", DType.F64: "f64", DType.I64: "i64"}
+_ELEMENT_TYPES = {DType.F32: "f32", DType.F64: "f64", DType.I64: "i64", DType.BF16: "bf16",
+                  DType.BOOL: "i1"}
 # Bit patterns for the non-finite float constants (MLIR float literals are decimal or hex).
 _NONFINITE_HEX = {
     DType.F32: {"inf": "0x7F800000", "-inf": "0xFF800000", "nan": "0x7FC00000"},
     DType.F64: {"inf": "0x7FF0000000000000", "-inf": "0xFFF0000000000000",
                 "nan": "0x7FF8000000000000"},
+    DType.BF16: {"inf": "0x7F80", "-inf": "0xFF80", "nan": "0x7FC0"},
 }
 
 

@@ -24,11 +24,12 @@ from ..types import TensorType
 #   ints               a list of integer literals, e.g. a permutation
 #   dim                one dimension expression (an int literal or a const)
 #   axis               one integer literal, negative counts from the end
-# and, for internal ops only (built by the compiler, never bound from a surface call):
-#   number             an int or float value
-#   dtype              an element type name ("f32", "f64", "i64")
+#   tensors            one or more tensors (the op's trailing positional arguments)
+#   offset             one dimension expression that may be 0 (a start position)
+#   number             a number literal or a const (its value), e.g. eps=1e-5 or pow(x, N)
+#   dtype              an element type name: F32, F64, I64, BF16, BOOL
 PARAM_KINDS = frozenset({"tensor", "tensor_or_literal", "dims", "ints", "dim", "axis",
-                         "number", "dtype"})
+                         "tensors", "offset", "number", "dtype"})
 
 _NO_DEFAULT = object()
 
@@ -46,7 +47,11 @@ class Param:
 
     @property
     def is_operand(self) -> bool:
-        return self.kind in ("tensor", "tensor_or_literal")
+        return self.kind in ("tensor", "tensor_or_literal", "tensors")
+
+    @property
+    def variadic(self) -> bool:
+        return self.kind == "tensors"
 
     @property
     def has_default(self) -> bool:
@@ -63,6 +68,9 @@ class ShapeContext(Protocol):
              notes: tuple[str, ...] = ()) -> None: ...
 
     def record(self, kind: str, claim: str) -> None: ...
+
+    def prove_at_most(self, lhs, rhs, kind: str, claim: str, message: str,
+                      at: str | None = None) -> None: ...
 
 
 ShapeRule = Callable[[ShapeContext, list[TensorType], dict[str, Any]], tuple[TensorType, ...]]
