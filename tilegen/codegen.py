@@ -17,6 +17,7 @@ from llvmlite import ir
 
 from . import loopir as L
 from .affine import to_affine
+from .frame import plan_frame
 from .vecmath import MathLibrary
 
 I1 = ir.IntType(1)
@@ -29,8 +30,8 @@ SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL
 # trips are unrolled as they are emitted.
 UNROLL_TRIPS = 4
 
-# Temporaries up to this size live on the stack; larger ones share one heap workspace.
-STACK_TEMP_BYTES = 64 * 1024
+# Temporaries up to 64 KiB live on the stack up to a budget for the frame; the rest share
+# one heap workspace (tilegen/frame.py).
 # Heap blocks (the workspace, gemm packing panels) are kept between calls, one per slot, so
 # a call does not pay for page-faulting fresh memory (a 4 MB temporary costs ~1 ms of faults
 # each time glibc hands it out through mmap). A call takes its slot's block with an atomic
@@ -174,9 +175,10 @@ def _const(dtype: str, value) -> ir.Constant:
 
 class KernelCodegen:
     def __init__(self, module: ir.Module, kernel: L.Kernel, symbol: str, math: MathLibrary,
-                 profile: bool = False):
+                 profile: bool = False, stack_bytes: int = 1 << 20):
         self.module = module
         self.profile = profile
+        self.stack_bytes = stack_bytes
         self.kernel = kernel
         self.math = math
         io = list(kernel.inputs) + list(kernel.outputs)
@@ -236,23 +238,17 @@ class KernelCodegen:
         return self.function
 
     def _allocate_temporaries(self) -> None:
-        """Small temporaries on the stack; the rest carved from one cached workspace."""
-        offsets: dict[str, int] = {}
-        total = 0
-        for buffer in self.kernel.buffers:
-            if buffer.role != "temp":
-                continue
-            nbytes = buffer.nbytes
-            if nbytes <= STACK_TEMP_BYTES:
-                slot = self.b.alloca(SCALAR_LLVM[buffer.dtype],
-                                     size=ir.Constant(I64, buffer.size),
-                                     name=f"tmp.{buffer.name}")
-                slot.align = 64
-                slot.type = PTR  # LLVM 22 pointers are opaque; llvmlite would keep `float*`
-                self.pointers[buffer.name] = slot
-            else:
-                offsets[buffer.name] = total
-                total += -(-nbytes // 64) * 64
+        """Small temporaries on the stack up to the frame's budget; the rest carved from
+        one cached workspace, sharing bytes where their live ranges allow."""
+        frame = plan_frame(self.kernel, self.stack_bytes)
+        for name in frame.stack:
+            buffer = self.buffers[name]
+            slot = self.b.alloca(SCALAR_LLVM[buffer.dtype], size=ir.Constant(I64, buffer.size),
+                                 name=f"tmp.{buffer.name}")
+            slot.align = 64
+            slot.type = PTR  # LLVM 22 pointers are opaque; llvmlite would keep `float*`
+            self.pointers[buffer.name] = slot
+        offsets, total = frame.offsets, frame.heap_bytes
         if not offsets:
             return
         slot = self.block_slot(self.new_block_slots(1), ir.Constant(I64, 0))

@@ -5,6 +5,9 @@ TILEGEN_CACHE_DIR    opt-in on-disk cache of compiled object code (unset: memory
 TILEGEN_PROFILE      1: count cycles per top-level loop nest (see tilegen.profile)
 TILEGEN_AUTOTUNE     1: time matmul tile candidates once per shape and keep the fastest
                      (default 0: the deterministic default tiles, no timing at compile)
+
+Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
+temporaries may take, from this process's stack limits (tilegen/frame.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ class Config:
     cache_dir: str | None
     profile: bool
     autotune: bool
+    stack_bytes: int = 1 << 20
 
 
 def _int(name: str, default: int) -> int:
@@ -44,9 +48,12 @@ def _flag(name: str, default: bool) -> bool:
 def load() -> Config:
     """The configuration from the current environment (read at each compile, so tests and
     users can change it between compiles)."""
+    from .frame import stack_budget
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
     return Config(num_threads=_int("TILEGEN_NUM_THREADS", cores),
                   cache_dir=os.environ.get("TILEGEN_CACHE_DIR") or None,
                   profile=_flag("TILEGEN_PROFILE", False),
-                  autotune=_flag("TILEGEN_AUTOTUNE", False))
+                  autotune=_flag("TILEGEN_AUTOTUNE", False),
+                  stack_bytes=stack_budget())

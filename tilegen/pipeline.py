@@ -48,6 +48,7 @@ class KernelPlan:
 
     function: Function
     kernel: L.Kernel
+    stack_bytes: int = 1 << 20  # the stack its temporaries may take (tilegen/frame.py)
 
     @property
     def symbol(self) -> str:
@@ -102,7 +103,8 @@ def plan_program(program: Program, names: tuple[str, ...] | None = None,
         if names is not None and function.name not in names:
             continue
         prepared = prepare(program, function.name)
-        plans.append(KernelPlan(prepared, schedule(lower(prepared, options), options)))
+        plans.append(KernelPlan(prepared, schedule(lower(prepared, options), options),
+                                options.stack_bytes))
     return plans
 
 
@@ -112,7 +114,8 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina",
     module.triple = triple()
     math = MathLibrary(module)
     for plan in plans:
-        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile).build()
+        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile,
+                                  plan.stack_bytes).build()
         entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
         build_keyword_entry(module, plan.kernel, entry, plan.call_symbol)
     return module
