@@ -21,7 +21,7 @@ the live bytes, not their sum.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import resource
 import threading
 from dataclasses import dataclass
@@ -60,11 +60,12 @@ def smallest_stack() -> int:
     return min(sizes)
 
 
+@functools.cache
 def _default_thread_stack() -> int:
     """The C library's default stack for new threads (glibc derives it from RLIMIT_STACK
     at start-up); 8 MiB when it cannot be asked."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc = ctypes.CDLL(None)  # the process's own symbols, libc's among them
         attr = ctypes.create_string_buffer(128)  # pthread_attr_t is 56 bytes on x86-64
         size = ctypes.c_size_t()
         if libc.pthread_getattr_default_np(attr) != 0:
