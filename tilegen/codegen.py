@@ -206,6 +206,7 @@ class KernelCodegen:
         self.cache: list[dict[L.Expr, Val]] = [{}]
         self.lane: _Lane | None = None
         self.varying_names: set[str] = set()
+        self.outlined_count = 0  # parallel regions outlined so far (their names)
 
     # ---- function frame -----------------------------------------------------------------------
 

@@ -57,8 +57,8 @@ def emit_parallel(cg: C.KernelCodegen, extent: int, threads: int, body) -> None:
     b.store(records, _slot(b, context, len(names)))
     for index, (_, value) in enumerate(captured):
         b.store(value.value, _slot(b, context, len(names) + 1 + index))
-    cg._outlined_count = getattr(cg, "_outlined_count", 0) + 1
-    child = OutlinedCodegen(cg, f"{cg.function.name}.par{cg._outlined_count}", names,
+    cg.outlined_count += 1
+    child = OutlinedCodegen(cg, f"{cg.function.name}.par{cg.outlined_count}", names,
                             captured, threads)
     child.run_chunk(extent, body)
     gomp = cg._declare("GOMP_parallel", ir.FunctionType(
@@ -139,6 +139,7 @@ class OutlinedCodegen(C.KernelCodegen):
         self.lane = None
         self.varying_names = set()
         self.cache = [{}]
+        self.outlined_count = 0
         context = self.function.args[0]
         b = self.b
         self.pointers = {name: b.load(_slot(b, context, i), typ=PTR)
