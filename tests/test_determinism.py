@@ -3,8 +3,8 @@
 A child process (this file as a script) computes a SHA-256 of every output for the three
 StoryLM-0 programs (forward, rollout with greedy and sampled decoding, the training step),
 twenty generated programs, and large kernels that run as parallel loops (a 4096 x 1024
-softmax, a 1024^3 and an odd 333 x 1000 x 777 matmul, long reductions), each called three
-times. The parent runs it twice with the JIT and once through .so files, all with
+softmax, a 1024^3 and an odd 333 x 1000 x 777 matmul, long reductions, a scatter_add), each
+called three times. The parent runs it twice with the JIT and once through .so files, all with
 TILEGEN_NUM_THREADS=2, once more with one thread, and compares the digests bit for bit.
 
     python tests/test_determinism.py jit|so     # prints {output name: sha256}
@@ -45,6 +45,10 @@ fn matmul_odd(a: Tensor[F32, [333, 1000], @host], b: Tensor[F32, [1000, 777], @h
 fn sums(x: Tensor[F32, [2048, 2048], @host])
     -> (Tensor[F32, [2048], @host], Tensor[F32, [2048], @host], Tensor[I64, [2048], @host]) {
   return (sum(x, axis=1), sum(x, axis=0), argmax(x, axis=0));
+}
+fn scatter(u: Tensor[F32, [8192, 96], @host], ids: Tensor[I64, [8192], @host])
+    -> Tensor[F32, [13, 96], @host] {
+  return scatter_add(tanh(u), ids, 13);
 }
 """
 
@@ -123,6 +127,8 @@ def child(mode: str) -> dict:
     _calls(report, "matmul 333x1000x777", large.matmul_odd, normal(333, 1000),
            normal(1000, 777))
     _calls(report, "sums and argmax 2048x2048", large.sums, normal(2048, 2048))
+    _calls(report, "scatter_add 8192x96 into 13 rows", large.scatter, normal(8192, 96),
+           rng.integers(0, 13, 8192).astype(np.int64))
     return report
 
 

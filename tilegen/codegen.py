@@ -18,6 +18,7 @@ from llvmlite import ir
 from . import loopir as L
 from . import storage
 from .affine import to_affine
+from .frame import plan_frame
 from .vecmath import MathLibrary
 
 I1 = ir.IntType(1)
@@ -31,8 +32,8 @@ SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL
 # trips are unrolled as they are emitted.
 UNROLL_TRIPS = 4
 
-# Temporaries up to this size live on the stack; larger ones share one heap workspace.
-STACK_TEMP_BYTES = 64 * 1024
+# Temporaries up to 64 KiB live on the stack up to a budget for the frame; the rest share
+# one heap workspace (tilegen/frame.py).
 # Heap blocks (the workspace, gemm packing panels) are kept between calls, one per slot, so
 # a call does not pay for page-faulting fresh memory (a 4 MB temporary costs ~1 ms of faults
 # each time glibc hands it out through mmap). A call takes its slot's block with an atomic
@@ -176,9 +177,10 @@ def _const(dtype: str, value) -> ir.Constant:
 
 class KernelCodegen:
     def __init__(self, module: ir.Module, kernel: L.Kernel, symbol: str, math: MathLibrary,
-                 profile: bool = False):
+                 profile: bool = False, stack_bytes: int = 1 << 20):
         self.module = module
         self.profile = profile
+        self.stack_bytes = stack_bytes
         self.kernel = kernel
         self.math = math
         io = list(kernel.inputs) + list(kernel.outputs)
@@ -206,6 +208,7 @@ class KernelCodegen:
         self.cache: list[dict[L.Expr, Val]] = [{}]
         self.lane: _Lane | None = None
         self.varying_names: set[str] = set()
+        self.outlined_count = 0  # parallel regions outlined so far (their names)
 
     # ---- function frame -----------------------------------------------------------------------
 
@@ -229,29 +232,26 @@ class KernelCodegen:
         if self.workspace is not None:
             self.release_block(*self.workspace)
         self.b.ret(status)
+        from .parallel import thread_state_global
+
+        thread_state_global(self)  # always there, for the runtime to bind
         count = ir.GlobalVariable(self.module, I64, self.function.name + BLOCK_COUNT_SUFFIX)
         count.initializer = ir.Constant(I64, self.block_count)
         count.global_constant = True
         return self.function
 
     def _allocate_temporaries(self) -> None:
-        """Small temporaries on the stack; the rest carved from one cached workspace."""
-        offsets: dict[str, int] = {}
-        total = 0
-        for buffer in self.kernel.buffers:
-            if buffer.role != "temp":
-                continue
-            nbytes = buffer.nbytes
-            if nbytes <= STACK_TEMP_BYTES:
-                slot = self.b.alloca(SCALAR_LLVM[buffer.dtype],
-                                     size=ir.Constant(I64, buffer.size),
-                                     name=f"tmp.{buffer.name}")
-                slot.align = 64
-                slot.type = PTR  # LLVM 22 pointers are opaque; llvmlite would keep `float*`
-                self.pointers[buffer.name] = slot
-            else:
-                offsets[buffer.name] = total
-                total += -(-nbytes // 64) * 64
+        """Small temporaries on the stack up to the frame's budget; the rest carved from
+        one cached workspace, sharing bytes where their live ranges allow."""
+        frame = plan_frame(self.kernel, self.stack_bytes)
+        for name in frame.stack:
+            buffer = self.buffers[name]
+            slot = self.b.alloca(SCALAR_LLVM[buffer.dtype], size=ir.Constant(I64, buffer.size),
+                                 name=f"tmp.{buffer.name}")
+            slot.align = 64
+            slot.type = PTR  # LLVM 22 pointers are opaque; llvmlite would keep `float*`
+            self.pointers[buffer.name] = slot
+        offsets, total = frame.offsets, frame.heap_bytes
         if not offsets:
             return
         slot = self.block_slot(self.new_block_slots(1), ir.Constant(I64, 0))
@@ -459,42 +459,11 @@ class KernelCodegen:
     # ---- threads ------------------------------------------------------------------------------
 
     def parallel(self, extent: int, threads: int, body) -> None:
-        """Run `body(child, lo, hi)` over [0, extent) split evenly across `threads` OpenMP
-        threads: the body is outlined into its own function, which receives every buffer
-        pointer and every visible scalar through a context block; an id-check failure in
-        any thread is reported through the context's status slot."""
-        captured = [(name, value) for scope in self.env for name, value in scope.items()]
-        names = list(self.pointers)
-        slots = len(names) + 2 + len(captured)
-        context = self.b.alloca(I64, size=ir.Constant(I64, slots), name="parallel.ctx")
-        context.type = PTR
-        status = self.b.alloca(I64, name="parallel.status")
-        status.type = PTR
-        self.b.store(ir.Constant(I64, 0), status)
+        """Run `body(child, lo, hi)` over [0, extent) split across up to `threads` OpenMP
+        threads (tilegen/parallel.py)."""
+        from .parallel import emit_parallel
 
-        def slot(index):
-            pointer = self.b.gep(context, [ir.Constant(I64, index)], source_etype=I64)
-            pointer.type = PTR
-            return pointer
-
-        for index, name in enumerate(names):
-            self.b.store(self.pointers[name], slot(index))
-        self.b.store(self.err, slot(len(names)))
-        self.b.store(status, slot(len(names) + 1))
-        for index, (_, value) in enumerate(captured):
-            self.b.store(value.value, slot(len(names) + 2 + index))
-        self._outlined_count = getattr(self, "_outlined_count", 0) + 1
-        child = _OutlinedCodegen(self, f"{self.function.name}.par{self._outlined_count}",
-                                 names, captured)
-        child.run_chunk(extent, body)
-        gomp = self._declare("GOMP_parallel", ir.FunctionType(
-            ir.VoidType(), [PTR, PTR, ir.IntType(32), ir.IntType(32)]))
-        self.b.call(gomp, [child.function, context, ir.Constant(ir.IntType(32), threads),
-                           ir.Constant(ir.IntType(32), 0)])
-        failed = self.b.load(status, typ=I64)
-        with self.b.if_then(self.b.icmp_signed("!=", failed, ir.Constant(I64, 0)),
-                            likely=False):
-            self._finish(failed)
+        emit_parallel(self, extent, threads, body)
 
     def _vector_for(self, loop: L.For) -> None:
         width = loop.width
@@ -1116,58 +1085,3 @@ def _linear(index: tuple[L.Expr, ...], shape: tuple[int, ...]) -> L.Expr:
         flat = L.add(flat, L.mul(index[position], L.const(stride)))
         stride *= shape[position]
     return flat
-
-
-class _OutlinedCodegen(KernelCodegen):
-    """The body of a parallel loop as `void fn(ptr context)`, run by every thread."""
-
-    def __init__(self, parent: KernelCodegen, name: str, names: list[str], captured):
-        self.module = parent.module
-        self.profile = False
-        self.kernel = parent.kernel
-        self.math = parent.math
-        self.buffers = parent.buffers
-        self.root = parent.root
-        self.function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), name)
-        self.function.linkage = "internal"
-        self.function.attributes.add("nounwind")
-        self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
-        self.exit_block = self.function.append_basic_block("exit")
-        self.status_incoming = []
-        self.cleanups = []
-        self.lane = None
-        self.varying_names = set()
-        self.cache = [{}]
-        context = self.function.args[0]
-
-        def load(index, ty):
-            pointer = self.b.gep(context, [ir.Constant(I64, index)], source_etype=I64)
-            pointer.type = PTR
-            return self.b.load(pointer, typ=ty)
-
-        self.pointers = {name: load(i, PTR) for i, name in enumerate(names)}
-        self.err = load(len(names), PTR)
-        self.status_slot = load(len(names) + 1, PTR)
-        self.env = [{name: Val(load(len(names) + 2 + i, value.value.type), False)
-                     for i, (name, value) in enumerate(captured)}]
-
-    def run_chunk(self, extent: int, body) -> None:
-        threads = self.b.call(self._declare("omp_get_num_threads",
-                                            ir.FunctionType(ir.IntType(32), [])), [])
-        thread = self.b.call(self._declare("omp_get_thread_num",
-                                           ir.FunctionType(ir.IntType(32), [])), [])
-        count = self.b.sext(threads, I64)
-        me = self.b.sext(thread, I64)
-        total = ir.Constant(I64, extent)
-        lo = self.b.sdiv(self.b.mul(me, total), count)
-        hi = self.b.sdiv(self.b.mul(self.b.add(me, ir.Constant(I64, 1)), total), count)
-        body(self, lo, hi)
-        self.b.branch(self.exit_block)
-        self.b.position_at_end(self.exit_block)
-        self.b.ret_void()
-
-    def _finish(self, status: ir.Value) -> None:
-        for pointer in self.cleanups:
-            self.b.call(self._free(), [pointer])
-        self.b.store(status, self.status_slot)
-        self.b.branch(self.exit_block)

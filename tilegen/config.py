@@ -9,6 +9,9 @@ TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlin
                      (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
+
+Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
+temporaries may take, from this process's stack limits (tilegen/frame.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class Config:
     cache_dir: str | None
     profile: bool
     autotune: bool
+    stack_bytes: int = 1 << 20
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
@@ -55,12 +59,15 @@ def _flag(name: str, default: bool) -> bool:
 def load() -> Config:
     """The configuration from the current environment (read at each compile, so tests and
     users can change it between compiles)."""
+    from .frame import stack_budget
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
     return Config(num_threads=_int("TILEGEN_NUM_THREADS", cores),
                   cache_dir=os.environ.get("TILEGEN_CACHE_DIR") or None,
                   profile=_flag("TILEGEN_PROFILE", False),
                   autotune=_flag("TILEGEN_AUTOTUNE", False),
+                  stack_bytes=stack_budget(),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
                   max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))

@@ -89,7 +89,7 @@ def independent(nest: L.Stmt, var: str) -> bool:
     found = nest_accesses(nest)
     if found.opaque or var not in found.extents:
         return False
-    renamed = {name: L.Var(name + _OTHER) for name in found.extents}
+    renamed: dict[str, L.Expr] = {name: L.Var(name + _OTHER) for name in found.extents}
     extents = dict(found.extents)
     extents.update({name + _OTHER: extent for name, extent in found.extents.items()})
     accesses = found.accesses

@@ -55,6 +55,7 @@ class KernelPlan:
 
     function: Function
     kernel: L.Kernel
+    stack_bytes: int = 1 << 20  # the stack its temporaries may take (tilegen/frame.py)
 
     @property
     def symbol(self) -> str:
@@ -135,7 +136,7 @@ class PlanTable(Mapping[str, KernelPlan]):
             if name not in self._plans:
                 prepared = prepare(self._program, name, self._options)
                 kernel = schedule(lower(prepared, self._options), self._options)
-                self._plans[name] = KernelPlan(prepared, kernel)
+                self._plans[name] = KernelPlan(prepared, kernel, self._options.stack_bytes)
             return self._plans[name]
 
     @property
@@ -162,7 +163,8 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina",
     module.triple = triple()
     math = MathLibrary(module)
     for plan in plans:
-        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile).build()
+        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile,
+                                  plan.stack_bytes).build()
         entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
         build_keyword_entry(module, plan.kernel, entry, plan.call_symbol)
     return module

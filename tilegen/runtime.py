@@ -26,8 +26,10 @@ import numpy as np
 
 from kina_frontend.diagnostics import KinaError
 
+from . import forksafe
 from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import TABLE_SYMBOL, fill_runtime_table, layout_is_supported, make_builtin
+from .parallel import THREADS_SUFFIX
 from .pipeline import KernelPlan, codegen, jit_object_code, object_code, to_llvm
 from .target import LLVM_LOCK, new_target_machine
 
@@ -368,6 +370,7 @@ def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: 
             table = engine.get_global_value_address(TABLE_SYMBOL)
             counters = engine.get_global_value_address(plan.symbol + ".cycles") \
                 if profile else None
+            forksafe.bind(engine.get_global_value_address(plan.symbol + THREADS_SUFFIX))
         return NativeCode(kernel, entry, call, table, counters or None,
                           _CodeOwner(engine, blocks, ctypes.c_int64.from_address(count).value))
 
@@ -429,6 +432,8 @@ def load_shared_library(plans: list[KernelPlan], path: str) -> CompiledModule:
             counters = ctypes.addressof(ctypes.c_int64.in_dll(library, plan.symbol + ".cycles"))
         except ValueError:
             counters = None
+        forksafe.bind(ctypes.addressof(ctypes.c_void_p.in_dll(library,
+                                                               plan.symbol + THREADS_SUFFIX)))
         return NativeCode(address(plan.symbol), address(plan.entry_symbol),
                           address(plan.call_symbol), table, counters,
                           _CodeOwner(library, ctypes.addressof(ctypes.c_void_p.in_dll(

@@ -103,7 +103,7 @@ def _independent_loop_outside(nest: L.For, strides) -> L.For | None:
 
 def _without(nest: L.For, loop: L.For) -> L.For:
     """`nest` with `loop` replaced by its body (the loop moves outside)."""
-    body = []
+    body: list[L.Stmt] = []
     for stmt in nest.body:
         if stmt is loop:
             body.extend(loop.body)
