@@ -116,6 +116,7 @@ def infer_types(opname: str, operand_types: list[TensorType],
 
 
 _KIND_TEXT = {"dims": "a list of dims", "ints": "a list of integers", "dim": "a dim",
+              "offset": "a dim or 0",
               "axis": "an integer", "number": "a number",
               "dtype": "an element type name (" + ", ".join(d.value for d in DType) + ")"}
 
@@ -135,6 +136,8 @@ def _fits_kind(kind: str, value: Any) -> bool:
             isinstance(v, int) and not isinstance(v, bool) for v in value)
     if kind == "dim":
         return _is_dim(value)
+    if kind == "offset":
+        return _is_dim(value) and not (isinstance(value, int) and value < 0)
     if kind == "axis":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "number":

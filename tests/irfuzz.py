@@ -248,8 +248,8 @@ def _inputs(types: list[TensorType], seed: int) -> list[np.ndarray]:
         shape = ttype.concrete_shape
         if ttype.dtype.is_float:
             values.append(rng.uniform(0.25, 0.75, shape).astype(ttype.dtype.numpy))
-        else:
-            values.append(rng.integers(0, 2, shape))
+        else:  # ids below every table/class count, or BOOL masks
+            values.append(rng.integers(0, 2, shape).astype(ttype.dtype.numpy))
     return values
 
 

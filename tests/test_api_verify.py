@@ -47,6 +47,31 @@ OP_CASES = {
     "argmax": (["f32[3, 5]"], "{axis = 1}", "i64[3]"),
     "softmax": (["f32[3, 5]"], "{axis = 1}", "f32[3, 5]"),
     "log_softmax": (["f32[3, 5]"], "{axis = 0}", "f32[3, 5]"),
+    "abs": (["f32[3, 5]"], "", "f32[3, 5]"),
+    "erf": (["f32[3, 5]"], "", "f32[3, 5]"),
+    "gelu": (["f32[3, 5]"], "", "f32[3, 5]"),
+    "gelu_tanh": (["f32[3, 5]"], "", "f32[3, 5]"),
+    "relu": (["f32[3, 5]"], "", "f32[3, 5]"),
+    "rsqrt": (["f32[3, 5]"], "", "f32[3, 5]"),
+    "sigmoid": (["f32[3, 5]"], "", "f32[3, 5]"),
+    "silu": (["f32[3, 5]"], "", "f32[3, 5]"),
+    "pow": (["f32[3, 5]"], "{p = 2.5}", "f32[3, 5]"),
+    "maximum": (["f32[3, 5]", "f32[3, 5]"], "", "f32[3, 5]"),
+    "minimum": (["f32[3, 5]", "f32[3, 5]"], "", "f32[3, 5]"),
+    "equal": (["f32[3, 5]", "f32[3, 5]"], "", "bool[3, 5]"),
+    "greater": (["f32[3, 5]", "f32[3, 5]"], "", "bool[3, 5]"),
+    "greater_equal": (["f32[3, 5]", "f32[3, 5]"], "", "bool[3, 5]"),
+    "less": (["f32[3, 5]", "f32[3, 5]"], "", "bool[3, 5]"),
+    "less_equal": (["f32[3, 5]", "f32[3, 5]"], "", "bool[3, 5]"),
+    "not_equal": (["f32[3, 5]", "f32[3, 5]"], "", "bool[3, 5]"),
+    "where": (["bool[3, 5]", "f32[3, 5]", "f32[3, 5]"], "", "f32[3, 5]"),
+    "mean": (["f32[3, 5]"], "{axis = 1}", "f32[3]"),
+    "min": (["f32[3, 5]"], "{axis = 0}", "f32[5]"),
+    "layer_norm": (["f32[3, 5]", "f32[5]", "f32[5]"], "{axis = 1, eps = 1e-05}", "f32[3, 5]"),
+    "rms_norm": (["f32[3, 5]", "f32[5]"], "{axis = 1, eps = 1e-06}", "f32[3, 5]"),
+    "concat": (["f32[3, 5]", "f32[3, 2]"], "{axis = 1}", "f32[3, 7]"),
+    "slice": (["f32[3, 5]"], "{axis = 1, size = 2, start = 3}", "f32[3, 2]"),
+    "iota": ([], "{axis = 1, shape = [3, 5]}", "i64[3, 5]"),
 }
 
 
@@ -63,7 +88,8 @@ def _ir(opname: str, result: str) -> str:
 def _lies(result: str) -> list[str]:
     """Result types that are not what the op computes: a wrong dim, an extra dim, a
     dropped dim, the other element type."""
-    dtype, dims = result[:3], [int(d) for d in result[4:-1].split(", ") if d]
+    dtype, dims_text = result[:-1].split("[")
+    dims = [int(d) for d in dims_text.split(", ") if d]
     other = "i64" if dtype == "f32" else "f32"
     lies = [f"{dtype}[{', '.join(str(d) for d in [dims[0] + 1] + dims[1:])}]",
             f"{dtype}[{', '.join(str(d) for d in dims + [2])}]",
@@ -79,6 +105,8 @@ def _inputs(program, rng) -> list[np.ndarray]:
         shape = param.type.concrete_shape
         if param.type.dtype.is_float:
             values.append(rng.uniform(0.5, 2.0, shape).astype(np.float32))
+        elif param.type.dtype.numpy == np.bool_:
+            values.append(rng.integers(0, 2, shape).astype(np.bool_))
         else:
             values.append(rng.integers(0, 5, shape))  # below every table/class count above
     return values
@@ -184,7 +212,7 @@ def test_issue_programs_are_diagnosed_in_a_child_process(name: str) -> None:
      "missing attribute(s) axis"),
     ("func @f(%x: f32[2, 3]) -> (f32[3, 2]) {\n"
      "  %y = transpose(%x) {perm = [1, 99]} : f32[3, 2]\n  return %y\n}\n", "transpose"),
-    ('func @f(%x: f32[2, 3]) -> (f32[2, 3]) {\n  %y = cast(%x) {dtype = "bf16"} : f32[2, 3]\n'
+    ('func @f(%x: f32[2, 3]) -> (f32[2, 3]) {\n  %y = cast(%x) {dtype = "f16"} : f32[2, 3]\n'
      "  return %y\n}\n", "attribute dtype must be an element type name"),
 ])
 def test_structurally_bad_ir_is_a_kina_error(text: str, fragment: str) -> None:

@@ -316,7 +316,7 @@ def test_malformed_ir_raises_ir_parse_error(text: str, fragment: str) -> None:
      2, 12, "use of undefined value %z"),
     ("func @f(%x: f32[2]) -> (f32[2]) {\n  return %q\n}\n", 2, 10, "undefined value %q"),
     ("func @f(%x: f32[2]) -> (f32[3]) {\n  return %x\n}\n", 2, 3, "declares results"),
-    ("func @f(%x: bf16[2]) -> () {\n  return\n}\n", 1, 13, "expected an element type"),
+    ("func @f(%x: f16[2]) -> () {\n  return\n}\n", 1, 13, "expected an element type"),
     ("func @f(%x: f32[2]) -> () {\n  %a, %b = exp(%x) : f32[2]\n  return\n}\n", 2, 12,
      "binds 2 result(s) but gives 1 type(s)"),
     ("func @f(%x: f32[2]) -> () {\n  %x = exp(%x) : f32[2]\n  return\n}\n", 2, 3,
