@@ -9,8 +9,9 @@ from kina_frontend.tensor_ir import format_program
 
 from . import config
 from .cache import MEMORY, DiskCache, cache_key
+from .library import aot_module
 from .pipeline import plan_program
-from .runtime import CompiledModule, aot_module, jit_module
+from .runtime import CompiledModule, jit_module
 
 
 def compile_program(program: Program, jit: bool = True, output: str | None = None,
@@ -36,6 +37,20 @@ def compile_file(path: str | os.PathLike, jit: bool = True,
                     lambda: specialize(check_source(source)), jit, output)
 
 
+def planned(name: str, text: str, frontend, settings: config.Config, jit: bool,
+            names: tuple[str, ...] | None = None):
+    """(plans, disk cache or None, cache key): the plans from the disk cache when
+    TILEGEN_CACHE_DIR is set and holds them, else planned now (and stored there)."""
+    key = cache_key(name, f"{text}\0{names}", settings, jit)
+    disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
+    plans = disk.load_plans(key) if disk is not None else None
+    if plans is None:
+        plans = plan_program(frontend(), names, settings)
+        if disk is not None:
+            disk.store_plans(key, plans)
+    return plans, disk, key
+
+
 def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
              names: tuple[str, ...] | None = None) -> CompiledModule:
     settings = config.load()
@@ -44,12 +59,7 @@ def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
         cached = MEMORY.get(key)
         if cached is not None:
             return cached
-    disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
-    plans = disk.load_plans(key) if disk is not None else None
-    if plans is None:
-        plans = plan_program(frontend(), names, settings)
-        if disk is not None:
-            disk.store_plans(key, plans)
+    plans, disk, key = planned(name, text, frontend, settings, jit, names)
     if jit and output is None:
         module = jit_module(plans, settings.profile, disk, key)
     else:

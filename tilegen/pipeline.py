@@ -17,6 +17,7 @@ from kina_frontend.transforms import prepare_for_codegen, project_before_gather
 
 from . import config
 from . import loopir as L
+from .cabi import build_packed_entry
 from .codegen import KernelCodegen
 from .config import Config
 from .fastcall import build_entry, build_keyword_entry
@@ -24,12 +25,9 @@ from .fission import fission_pass
 from .lower import lower_function
 from .rowscale import defer_row_scaling
 from .schedule import parallelize_pass, vectorize_pass
+from .symbols import function_symbol, kernel_symbol
 from .target import LLVM_LOCK, optimize, target_machine, triple
 from .vecmath import MathLibrary
-
-SYMBOL_PREFIX = "kina_"
-ENTRY_PREFIX = "kina_entry_"
-CALL_PREFIX = "kina_call_"
 
 # Loop-IR passes, in order; each maps (kernel, options) to a kernel.
 SCHEDULE_PASSES = (
@@ -49,15 +47,19 @@ class KernelPlan:
 
     @property
     def symbol(self) -> str:
-        return SYMBOL_PREFIX + self.kernel.name
+        return kernel_symbol(self.kernel.name)
 
     @property
     def entry_symbol(self) -> str:
-        return ENTRY_PREFIX + self.kernel.name
+        return function_symbol(self.kernel.name, "entry")
 
     @property
     def call_symbol(self) -> str:
-        return CALL_PREFIX + self.kernel.name
+        return function_symbol(self.kernel.name, "call")
+
+    @property
+    def packed_symbol(self) -> str:
+        return function_symbol(self.kernel.name, "packed")
 
     @property
     def canonical_key(self) -> str:
@@ -111,6 +113,7 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina",
     math = MathLibrary(module)
     for plan in plans:
         kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile).build()
+        build_packed_entry(module, kernel_fn, plan.packed_symbol)
         entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
         build_keyword_entry(module, plan.kernel, entry, plan.call_symbol)
     return module
