@@ -352,15 +352,26 @@ class CompiledModule:
         return f"<tilegen module ({program.kind}): {', '.join(program.signatures)}>"
 
 
+_MISSING = object()
+
+
+def _class_attribute(name: str):
+    """What an instance lookup of `name` finds on the module's class (not its metaclass)."""
+    for klass in CompiledModule.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _MISSING
+
+
 def _is_data_descriptor(value) -> bool:
     return hasattr(type(value), "__set__") or hasattr(type(value), "__delete__")
 
 
 def new_module(program: NativeProgram) -> CompiledModule:
     """The namespace of `program`'s functions (see CompiledModule)."""
-    shadowed = [name for name in program.signatures if hasattr(CompiledModule, name)]
+    shadowed = [name for name in program.signatures if _class_attribute(name) is not _MISSING]
     pinned = {name: program.function(name) for name in shadowed
-              if _is_data_descriptor(inspect.getattr_static(CompiledModule, name))}
+              if _is_data_descriptor(_class_attribute(name))}
     module_type = CompiledModule
     if pinned:
         module_type = type("CompiledModule", (CompiledModule,), {"__slots__": (), **pinned})
