@@ -26,6 +26,7 @@ BENCH_EXAMPLES = EXAMPLES / "bench"
 # Provider names, in the order the report lists them.
 TILEGEN = "tilegen"
 TILEGEN_1T = "tilegen-1t"  # compiled with TILEGEN_NUM_THREADS=1, against the -1t peers
+TILEGEN_ATTRIBUTE = "tilegen-attribute"  # called as `module.fn(...)`, not through a bound name
 NUMPY = "numpy"
 NUMPY_1T = "numpy-1t"
 TORCH = "torch"
@@ -42,9 +43,9 @@ TILEGEN_SAME_PROCESS = "tilegen-same-process"
 TORCH_COMPILE_COLD = "torch.compile-cold"
 JAX_COLD = "jax-cold"
 NUMBA_COLD = "numba-cold"
-PROVIDERS = (TILEGEN, TILEGEN_1T, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA, TORCH_COMPILE,
-             JAX, JAX_FORI, NUMBA, TILEGEN_COLD, TILEGEN_SAME_PROCESS, TORCH_COMPILE_COLD,
-             JAX_COLD, NUMBA_COLD)
+PROVIDERS = (TILEGEN, TILEGEN_1T, TILEGEN_ATTRIBUTE, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA,
+             TORCH_COMPILE, JAX, JAX_FORI, NUMBA, TILEGEN_COLD, TILEGEN_SAME_PROCESS,
+             TORCH_COMPILE_COLD, JAX_COLD, NUMBA_COLD)
 
 SHORT_MODE_NOTE = "short mode (--benchmark-disable)"
 

@@ -36,9 +36,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Row order within a group (bench.common.PROVIDERS, repeated here so this script stands alone).
-PROVIDER_ORDER = ("tilegen", "tilegen-1t", "numpy", "numpy-1t", "torch", "torch-1t", "torch-sdpa",
-                  "torch.compile", "jax", "jax-fori", "numba", "tilegen-cold",
-                  "tilegen-same-process", "torch.compile-cold", "jax-cold", "numba-cold")
+PROVIDER_ORDER = ("tilegen", "tilegen-1t", "tilegen-attribute", "numpy", "numpy-1t", "torch",
+                  "torch-1t", "torch-sdpa", "torch.compile", "jax", "jax-fori", "numba",
+                  "tilegen-cold", "tilegen-same-process", "torch.compile-cold", "jax-cold",
+                  "numba-cold")
 BASELINES = ("tilegen", "tilegen-cold")  # whose time the speed-ups divide by
 
 

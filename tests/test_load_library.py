@@ -44,6 +44,8 @@ def test_loaded_library_computes_and_checks_like_the_original(library):
     table = np.arange(32, dtype=np.float32).reshape(8, 4)
     ids = np.array([[0, 7, 2], [3, 1, 5]])
     np.testing.assert_array_equal(module.embed(table, ids), table[ids])
+    # Compiled functions are plain instance attributes (no __getattr__ on the hot path).
+    assert vars(module)["embed"] is module.embed
     x = np.random.default_rng(3).standard_normal((3, 17))
     doubled, sums = module.twice(x)
     np.testing.assert_array_equal(doubled, 2 * x)
