@@ -12,24 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.markdown import fenced_blocks
+
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 ENV.pop("TILEGEN_CACHE_DIR", None)
-
-
-def fenced_blocks(path: Path, language: str) -> list[str]:
-    """The bodies of the fenced blocks opened with ```language (plain ``` for "")."""
-    blocks, current, opened = [], [], None
-    for line in path.read_text().split("\n"):
-        if line.startswith("```") and opened is None:
-            opened, current = line[3:], []
-        elif line == "```" and opened is not None:
-            if opened == language:
-                blocks.append("\n".join(current) + "\n")
-            opened = None
-        elif opened is not None:
-            current.append(line)
-    return blocks
 
 
 def _pattern(documented: str) -> re.Pattern:
