@@ -26,6 +26,7 @@ from kina_frontend.diagnostics import KinaError
 
 from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
+from .interop import as_input, as_output
 from .pipeline import KernelPlan, codegen, jit_object_code, to_llvm
 from .signature import Signature
 from .symbols import RUNTIME_TABLE
@@ -80,6 +81,8 @@ class CompiledFunction:
         status = self._native(addresses)
         if status != 0:
             self._raise(status)
+        if out is not None:  # what was given (a torch tensor stays one), as the fast path
+            return tuple(out) if isinstance(out, (tuple, list)) else out
         if len(outputs) == 1:
             return outputs[0]
         return tuple(outputs)
@@ -87,11 +90,7 @@ class CompiledFunction:
     def _argument(self, position: int, arg) -> np.ndarray:
         name, dtype, shape = self.params[position]
         if not isinstance(arg, np.ndarray):
-            try:
-                arg = np.asarray(arg)
-            except Exception as error:  # noqa: BLE001 -- any conversion failure is the user's
-                raise ArgumentError(f"{self.name}(): argument '{name}' is not an array: "
-                                    f"{error}") from None
+            arg = as_input(arg, f"{self.name}(): argument '{name}'")
         if arg.dtype != dtype:
             if arg.dtype.newbyteorder("=") == dtype:
                 # The right element type in the other byte order: converted once, like a
@@ -111,20 +110,21 @@ class CompiledFunction:
     def _outputs(self, out, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if out is None:
             return [np.empty(shape, dtype) for dtype, shape in self.results]
-        if isinstance(out, np.ndarray):
-            given = [out]
-        elif isinstance(out, (tuple, list)):
+        if isinstance(out, (tuple, list)):
             given = list(out)
+        elif isinstance(out, np.ndarray) or (
+                len(self.results) == 1 and not isinstance(out, (int, float, str))):
+            given = [out]  # an array, or (for one result) a tensor from elsewhere
         else:
             raise ArgumentError(f"{self.name}(): out= must be an array or a tuple of arrays, got "
                                 f"{type(out).__name__}")
         if len(given) != len(self.results):
             raise ArgumentError(f"{self.name}(): out= needs {len(self.results)} array(s), got "
                                 f"{len(given)}")
+        given = [as_output(array, f"{self.name}(): out[{position}]")
+                 for position, array in enumerate(given)]
         for position, (array, (dtype, shape)) in enumerate(zip(given, self.results, strict=True)):
             what = f"{self.name}(): out[{position}]"
-            if not isinstance(array, np.ndarray):
-                raise ArgumentError(f"{what} must be a numpy array")
             if array.dtype != dtype or array.shape != shape:
                 raise ArgumentError(f"{what} must be {dtype.name}{list(shape)}, got "
                                     f"{_dtype_text(array.dtype)}{list(array.shape)}")
