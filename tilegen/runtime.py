@@ -284,6 +284,7 @@ class NativeProgram:
         self._functions: dict[str, object] = {}
         self._natives: dict[str, NativeCode] = {}
         self._lock = threading.Lock()
+        self.module: CompiledModule | None = None  # the namespace (see new_module)
 
     @property
     def functions(self) -> dict[str, object]:
@@ -329,10 +330,10 @@ class CompiledModule:
     module's own data lives apart (`tilegen.program_of(module)`) and every function is a
     plain instance attribute, set when it is first compiled -- reading `m.f` costs what a
     bound name does. Names the class itself defines (its dunders) are set at creation, and
-    the two that are data descriptors on every object (`__class__`, `__dict__`) become
-    attributes of a per-module subclass."""
+    the data descriptors every such object has (`__class__`, `__dict__`, `__weakref__`)
+    become attributes of a per-module subclass."""
 
-    __slots__ = ("__dict__",)  # no __weakref__ descriptor: a name a program could use
+    __slots__ = ("__dict__", "__weakref__")
 
     def __getattr__(self, name: str):
         # Only reached for a name not set yet: compile it, then it is a real attribute.
@@ -377,6 +378,7 @@ def new_module(program: NativeProgram) -> CompiledModule:
         module_type = type("CompiledModule", (CompiledModule,), {"__slots__": (), **pinned})
     module = object.__new__(module_type)
     object.__setattr__(module, _PROGRAM, program)
+    program.module = module  # a function keeps its module alive (a cycle the GC breaks)
     for name in shadowed:
         if name not in pinned:
             object.__setattr__(module, name, program.function(name))
