@@ -47,7 +47,8 @@ def hostile_names() -> list[str]:
 # Parameter pairs, each once a problem (duplicate, shadowing or reserved names).
 PARAM_PAIRS = [("arg1", "_a"), ("_p0", "_p1"), ("out", "self"), ("o0", "_o0"),
                ("_entry", "_slow"), ("lambda", "None"), ("int", "class"), ("NULL", "size_t"),
-               ("p0_x", "x"), ("arg0", "_p1"), ("out0", "p1_out0"), ("_empty", "_ndarray")]
+               ("p0_x", "x"), ("arg0", "_p1"), ("out0", "p1_out0"), ("_empty", "_ndarray"),
+               ("errno", "stdin")]
 
 
 PARAM_NAMES = frozenset(name for pair in PARAM_PAIRS for name in pair)

@@ -218,7 +218,8 @@ def test_header_with_hostile_names_compiles_as_c99_and_cxx(tmp_path):
                           .values())
         (tmp_path / f"h{index}.h").write_text(header(signatures, f"h{index}.h", "libh.so",
                                                      "h.kina"))
-    includes = "".join(f'#include "h{i}.h"\n#include "h{i}.h"\n' for i in range(2))
+    includes = "#include <errno.h>\n#include <stdio.h>\n" + "".join(
+        f'#include "h{i}.h"\n#include "h{i}.h"\n' for i in range(2))
     (tmp_path / "use.c").write_text(includes + "int main(void) { return KINA_OK; }\n")
     _run(["gcc", "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
           "use.c"], tmp_path)

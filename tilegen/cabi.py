@@ -54,6 +54,9 @@ C_KEYWORDS = frozenset((
     "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "reinterpret_cast",
     "requires", "static_assert", "static_cast", "template", "this", "thread_local", "throw",
     "try", "typeid", "typename", "using", "virtual", "wchar_t", "xor", "xor_eq",
+    # lowercase object-like macros of the C library's headers
+    "errno", "stdin", "stdout", "stderr", "complex", "imaginary", "noreturn",
+    "math_errhandling",
 ))
 _GENERATED_NAME = re.compile(r"^(p\d+_|out\d+$)")
 

@@ -63,6 +63,8 @@ def write_library(plans: list[KernelPlan], path: str, header_path: str | None = 
                   source: str = "a Kina program", profile: bool = False) -> None:
     """Write `path` (.so, .o or .a) from `plans`, and the C header if asked. Each file
     appears under its final name only when complete (temporary name, then rename)."""
+    if os.path.isdir(path):
+        raise KinaError("io", f"cannot write '{path}': it is a directory", None)
     kind = output_kind(path)
     signatures = exported(plans)
     check_c_names(signatures, {plan.function.name: plan.function.span for plan in plans})
