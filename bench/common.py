@@ -26,6 +26,7 @@ BENCH_EXAMPLES = EXAMPLES / "bench"
 # Provider names, in the order the report lists them.
 TILEGEN = "tilegen"
 TILEGEN_1T = "tilegen-1t"  # compiled with TILEGEN_NUM_THREADS=1, against the -1t peers
+TILEGEN_ATTRIBUTE = "tilegen-attribute"  # called as `module.fn(...)`, not through a bound name
 NUMPY = "numpy"
 NUMPY_1T = "numpy-1t"
 TORCH = "torch"
@@ -42,9 +43,9 @@ TILEGEN_SAME_PROCESS = "tilegen-same-process"
 TORCH_COMPILE_COLD = "torch.compile-cold"
 JAX_COLD = "jax-cold"
 NUMBA_COLD = "numba-cold"
-PROVIDERS = (TILEGEN, TILEGEN_1T, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA, TORCH_COMPILE,
-             JAX, JAX_FORI, NUMBA, TILEGEN_COLD, TILEGEN_SAME_PROCESS, TORCH_COMPILE_COLD,
-             JAX_COLD, NUMBA_COLD)
+PROVIDERS = (TILEGEN, TILEGEN_1T, TILEGEN_ATTRIBUTE, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA,
+             TORCH_COMPILE, JAX, JAX_FORI, NUMBA, TILEGEN_COLD, TILEGEN_SAME_PROCESS,
+             TORCH_COMPILE_COLD, JAX_COLD, NUMBA_COLD)
 
 SHORT_MODE_NOTE = "short mode (--benchmark-disable)"
 
@@ -183,7 +184,8 @@ class Case:
     `call` does the work once and returns its result; `check` is the correctness guard on the
     result of `guard_call` (by default `call` itself; B4's step guards the same compiled
     function on other input values); `context` is entered around the guard and the timing
-    (e.g. a thread limit); `extra` goes into extra_info (e.g. compile_s)."""
+    (e.g. a thread limit); `extra` goes into extra_info (e.g. compile_s); `before_each` runs,
+    untimed, before every timed call (B7: a neighbour library's work)."""
 
     call: Callable[[], Any]
     check: Callable[[Any], None]
@@ -191,6 +193,7 @@ class Case:
     context: Callable[[], AbstractContextManager] = nullcontext
     extra: dict[str, Any] = field(default_factory=dict)
     guard_call: Callable[[], Any] | None = None
+    before_each: Callable[[], Any] | None = None  # untimed work before every timed call
 
 
 def measure(benchmark, group: str, provider: str, case: Case, *, units: int | None = None,
@@ -201,4 +204,10 @@ def measure(benchmark, group: str, provider: str, case: Case, *, units: int | No
         case.check((case.guard_call or case.call)())
         describe(benchmark, group, provider, threads=case.threads, units=units, unit=unit,
                  flops=flops, **case.extra)
-        benchmark(case.call)
+        if case.before_each is None:
+            benchmark(case.call)
+        else:  # one call per round, right after the neighbour's work
+            def setup() -> None:
+                case.before_each()
+
+            benchmark.pedantic(case.call, setup=setup, rounds=60, warmup_rounds=3)

@@ -1,10 +1,10 @@
 """Turn a saved benchmark run into the markdown report and a bar chart.
 
-    pytest --benchmark-only --benchmark-json=run.json
-    python bench/report.py run.json [--markdown run.md] [--png run.png]
+    pytest --benchmark-only           # writes bench-results/run-<time>.json (git-ignored)
+    python bench/report.py [run.json] [--markdown run.md] [--png run.png]
 
 Prints the markdown (and writes it, default: next to the JSON with the suffix .md) and writes
-the chart (default .png). The report has:
+the chart (default .png); without a run, the newest in bench-results/. The report has:
 
 - the machine: CPU (/proc/cpuinfo and LLVM's host CPU name), the OpenBLAS kernel (coretype)
   and thread count threadpoolctl reported, the other thread pools, the environment knobs
@@ -36,9 +36,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Row order within a group (bench.common.PROVIDERS, repeated here so this script stands alone).
-PROVIDER_ORDER = ("tilegen", "tilegen-1t", "numpy", "numpy-1t", "torch", "torch-1t", "torch-sdpa",
-                  "torch.compile", "jax", "jax-fori", "numba", "tilegen-cold",
-                  "tilegen-same-process", "torch.compile-cold", "jax-cold", "numba-cold")
+PROVIDER_ORDER = ("tilegen", "tilegen-1t", "tilegen-attribute", "numpy", "numpy-1t", "torch",
+                  "torch-1t", "torch-sdpa", "torch.compile", "jax", "jax-fori", "numba",
+                  "tilegen-cold", "tilegen-same-process", "torch.compile-cold", "jax-cold",
+                  "numba-cold")
 BASELINES = ("tilegen", "tilegen-cold")  # whose time the speed-ups divide by
 
 
@@ -476,11 +477,22 @@ def write_text(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="the JSON of `pytest --benchmark-json=...`")
+    parser.add_argument("run", type=Path, nargs="?",
+                        help="the JSON of `pytest --benchmark-json=...` (default: the newest "
+                             "run in bench-results/)")
     parser.add_argument("--markdown", type=Path, help="markdown output (default RUN.md)")
     parser.add_argument("--png", type=Path, help="chart output (default RUN.png)")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     options = parser.parse_args(argv)
+    if options.run is None:
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        from bench.results import RESULTS_DIR, latest_run
+
+        options.run = latest_run()
+        if options.run is None:
+            parser.error(f"no run given and none in {RESULTS_DIR} (run `pytest "
+                         "--benchmark-only` first)")
     try:
         run = json.loads(options.run.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:

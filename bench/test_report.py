@@ -81,3 +81,51 @@ def test_main_writes_markdown_and_chart_atomically(tmp_path, capsys):
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.md", "run.png"]
     assert "Issue 8 targets" in capsys.readouterr().out
+
+
+def test_runs_default_to_a_git_ignored_folder(tmp_path, monkeypatch):
+    import subprocess
+
+    from bench import results
+
+    first = results.new_run_path(tmp_path)
+    assert first.parent == tmp_path and first.name.startswith("run-")
+    assert results.latest_run(tmp_path) is None  # nothing written yet
+    (tmp_path / "run-20260101-000000.json").write_text("{}")
+    (tmp_path / "run-20261130-120000.json").write_text("{}")
+    assert results.latest_run(tmp_path).name == "run-20261130-120000.json"
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(results.RESULTS_DIR / "x.json")],
+                             cwd=results.RESULTS_DIR.parent, check=False)
+    assert ignored.returncode == 0, "bench-results/ must be git-ignored"
+    # report.py without a run reads the newest there.
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(results, "latest_run", lambda folder=tmp_path: folder / "run-x.json")
+    (tmp_path / "run-x.json").write_text(json.dumps(_run()))
+    assert report.main(["--no-chart"]) == 0
+    assert (tmp_path / "run-x.md").read_text().startswith("# tilegen benchmark report")
+
+
+def test_a_measured_run_keeps_its_json_in_bench_results():
+    import conftest
+
+    class Option:
+        benchmark_only, benchmark_enable, benchmark_disable = True, False, False
+        benchmark_min_time, benchmark_json = "0.0002", None
+
+    class Config:
+        option = Option()
+
+        def getoption(self, name, default=None):
+            return getattr(self.option, name, default)
+
+    config = Config()
+    conftest.pytest_configure(config)
+    try:
+        from bench.results import RESULTS_DIR
+
+        assert config.option.benchmark_json.name.startswith(str(RESULTS_DIR / "run-"))
+    finally:
+        config.option.benchmark_json.close()
+        import os
+
+        os.unlink(config.option.benchmark_json.name)

@@ -20,7 +20,11 @@ from .types import DType, TensorType
 
 __version__ = "0.1.0"
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+# The bundled example programs: examples/ in a source checkout (or an editable install);
+# an installed wheel ships them as the package data tilegen/examples (see pyproject.toml).
+_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES_DIR = next((folder for folder in (_ROOT / "examples", _ROOT / "tilegen" / "examples")
+                     if (folder / "storylm0_forward.kina").is_file()), _ROOT / "examples")
 
 # A .kina file larger than this is refused before reading (a hostile input guard).
 MAX_SOURCE_BYTES = 16 * 1024 * 1024

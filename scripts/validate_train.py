@@ -38,8 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+# A source checkout, or the installed package (tilegen/scripts, next to tilegen/examples).
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run from a checkout without installing
+if (REPO / "storylm").is_dir() and str(REPO) not in sys.path:  # a checkout, not installed
     sys.path.insert(0, str(REPO))
 
 from storylm import fixture, reference  # noqa: E402

@@ -35,7 +35,12 @@ VOCAB_FILE = "vocab.json"
 CORPUS_FILE = "corpus.json"
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_FIXTURE_DIR = REPO_ROOT / "fixtures" / "storylm0"
+# fixtures/storylm0 in a source checkout; an installed wheel ships it as the package data
+# tilegen/fixtures/storylm0 (see pyproject.toml).
+DEFAULT_FIXTURE_DIR = next(
+    (folder for folder in (REPO_ROOT / "fixtures" / "storylm0",
+                           REPO_ROOT / "tilegen" / "fixtures" / "storylm0")
+     if (folder / MANIFEST_FILE).is_file()), REPO_ROOT / "fixtures" / "storylm0")
 
 
 class FixtureError(ValueError):

@@ -11,6 +11,7 @@ from tilegen import autotune
 from tilegen.api import compile_source
 from tilegen.gemm import default_tiles
 from tilegen.loopir import Gemm
+from tilegen.runtime import program_of
 
 SOURCE = """
 fn mm(a: Tensor[F32, [70, 90], @host], b: Tensor[F32, [90, 50], @host])
@@ -31,7 +32,7 @@ def test_autotuned_tiles_are_remembered_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "_memory", {})
     module = compile_source(SOURCE, "tune.kina")
-    (gemm,) = [s for s in module.plans["mm"].kernel.body if isinstance(s, Gemm)]
+    (gemm,) = [s for s in program_of(module).plans["mm"].kernel.body if isinstance(s, Gemm)]
     table = json.loads((tmp_path / "autotune.json").read_text())
     assert list(table.values()) == [list(gemm.tiles.__dict__.values())]
     rng = np.random.default_rng(0)
@@ -49,7 +50,7 @@ def test_autotuned_tiles_are_remembered_on_disk(tmp_path, monkeypatch):
 def test_autotune_off_is_deterministic(monkeypatch):
     monkeypatch.delenv("TILEGEN_AUTOTUNE", raising=False)
     module = compile_source(SOURCE, "default.kina")
-    (gemm,) = [s for s in module.plans["mm"].kernel.body if isinstance(s, Gemm)]
+    (gemm,) = [s for s in program_of(module).plans["mm"].kernel.body if isinstance(s, Gemm)]
     assert gemm.tiles == default_tiles("f32", 70, 50, 90)
 
 

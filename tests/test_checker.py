@@ -21,6 +21,7 @@ from kina_frontend import (
 from kina_frontend.interpreter import main_outputs
 from kina_frontend.report import types_report
 from kina_frontend.types import DType, TensorType
+from tests.markdown import fenced_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -308,18 +309,7 @@ KINA_MD = REPO / "docs" / "kina.md"
 
 
 def _blocks(language: str) -> list[str]:
-    """The bodies of the fenced blocks opened with ```language (plain ``` for "")."""
-    blocks, current, opened = [], [], None
-    for line in KINA_MD.read_text().split("\n"):
-        if line.startswith("```") and opened is None:
-            opened, current = line[3:], []
-        elif line == "```" and opened is not None:
-            if opened == language:
-                blocks.append("\n".join(current) + "\n")
-            opened = None
-        elif opened is not None:
-            current.append(line)
-    return blocks
+    return fenced_blocks(KINA_MD, language)
 
 
 def test_every_kina_example_in_the_reference_compiles() -> None:

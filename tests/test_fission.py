@@ -11,6 +11,7 @@ from tilegen import loopir as L
 from tilegen.api import compile_program
 from tilegen.fission import MAX_ROW_EXTENT, fission_pass
 from tilegen.loopir_parse import parse_kernel
+from tilegen.runtime import program_of
 
 
 def _ty(shape, dtype="F32"):
@@ -40,7 +41,7 @@ def test_short_row_passes_run_one_nest_per_step(op, nests, shape, axis, dtype):
     Row extents not multiples of the vector width, a single-element row, and masked
     entries (whole vectors that underflow)."""
     module = _compile(op, shape, axis, dtype)
-    kernel = module.plans["f"].kernel
+    kernel = program_of(module).plans["f"].kernel
     assert len(kernel.body) == nests
     assert len(kernel.buffers) == 4  # x, out0 and two kept row scalars (max, 1/sum or log)
     rng = np.random.default_rng(sum(shape) + axis)
@@ -54,7 +55,7 @@ def test_short_row_passes_run_one_nest_per_step(op, nests, shape, axis, dtype):
 def test_few_rows_stay_one_pass():
     """8 rows: little to overlap, and every split step costs compile time."""
     module = _compile("softmax", (8, 36), 1)
-    assert len(module.plans["f"].kernel.body) == 1
+    assert len(program_of(module).plans["f"].kernel.body) == 1
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
@@ -63,7 +64,7 @@ def test_long_rows_stay_one_pass(op):
     between steps, and its own chain keeps the core busy."""
     shape = (3, MAX_ROW_EXTENT + 1)
     module = _compile(op, shape, 1)
-    assert len(module.plans["f"].kernel.body) == 1
+    assert len(program_of(module).plans["f"].kernel.body) == 1
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     np.testing.assert_allclose(module.f(x), _reference(op, x.astype(np.float64), 1),
                                rtol=2e-6, atol=2e-6)
@@ -72,11 +73,11 @@ def test_long_rows_stay_one_pass(op):
 def test_large_buffers_stay_one_pass():
     """Short rows but more data than L2 holds: each split step would stream it again."""
     module = _compile("softmax", (8192, 64), 1)
-    assert len(module.plans["f"].kernel.body) == 1
+    assert len(program_of(module).plans["f"].kernel.body) == 1
 
 
 def test_split_kernel_prints_and_parses_back():
-    kernel = _compile("softmax", (72, 36), 1).plans["f"].kernel
+    kernel = program_of(_compile("softmax", (72, 36), 1)).plans["f"].kernel
     assert parse_kernel(L.format_kernel(kernel)) == kernel
     text = L.format_kernel(kernel)
     assert "row_max_rows[" in text and "row_inverse_rows[" in text
@@ -148,7 +149,7 @@ def test_a_row_reduction_joins_the_nest_that_produced_the_row():
     source = (f"fn f(a: {_ty((20, 6))}, b: {_ty((6, 30))}) -> {_ty((20, 30))} "
               f"{{ return softmax(mul(matmul(a, b), 0.5), axis=1); }}")
     module = compile_program(program_from_text(source, "scores.kina"))
-    kernel = module.plans["f"].kernel
+    kernel = program_of(module).plans["f"].kernel
     first = kernel.body[0]
     assert isinstance(first, L.For) and isinstance(first.body[0], L.For)
     row = first.body

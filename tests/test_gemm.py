@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kina_frontend import interpret, program_from_text
 from tilegen.api import compile_program
 from tilegen.loopir import Gemm
+from tilegen.runtime import program_of
 
 
 def _ty(shape, dtype="F32"):
@@ -50,7 +51,7 @@ def test_gemm_matches_float64(m, k, n, threads, monkeypatch):
     bound = 4 * np.finfo(np.float32).eps * np.sqrt(k) * (np.abs(a) @ np.abs(b))
     assert np.all(np.abs(got - exact) <= bound + 1e-30)
     if m * n * k >= 1 << 16 and n >= 8 and k >= 8:
-        assert _uses_gemm(module.plans["f"])
+        assert _uses_gemm(program_of(module).plans["f"])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -66,7 +67,7 @@ fn f(q: {_ty((2, 3, 70, 40))}, k: {_ty((2, 3, 90, 40))}, w: {_ty((40, 50))},
     rng = np.random.default_rng(5)
     inputs = [rng.standard_normal(s).astype(np.float32)
               for s in ((2, 3, 70, 40), (2, 3, 90, 40), (40, 50), (2, 3, 70, 40))]
-    assert _uses_gemm(module.plans["f"])
+    assert _uses_gemm(program_of(module).plans["f"])
     for got, want in zip(module.f(*inputs), interpret(program, "f", *inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
@@ -78,7 +79,7 @@ def test_gemm_f64_and_shared_library(monkeypatch):
     a, b = rng.standard_normal((150, 70)), rng.standard_normal((70, 45))
     for jit in (True, False):
         _, module = _compile(source, 2, monkeypatch, jit=jit)
-        assert _uses_gemm(module.plans["f"])
+        assert _uses_gemm(program_of(module).plans["f"])
         np.testing.assert_allclose(module.f(a, b), a @ b, rtol=1e-12, atol=1e-12)
 
 
@@ -159,7 +160,7 @@ def test_b_read_along_k_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
               f"  return matmul(a, add(mul(transpose(w, [1, 0]), 2.0), transpose(v, [1, 0])));\n"
               f"}}")
     _, module = _compile(source, 2, monkeypatch)
-    assert _uses_gemm(module.plans["f"]), "expected the packed gemm path"
+    assert _uses_gemm(program_of(module).plans["f"]), "expected the packed gemm path"
     numpy_type = np.float32 if dtype == "F32" else np.float64
     rng = np.random.default_rng(m + n + k)
     a, w, v = (rng.standard_normal(shape).astype(numpy_type) for shape in
@@ -180,7 +181,7 @@ def test_a_read_along_i_is_packed_by_transposing(m, n, k, dtype, monkeypatch):
     source = (f"fn f(x: {ty((k, m))}, b: {ty((k, n))}) -> {ty((m, n))} {{\n"
               f"  return matmul(add(transpose(x, [1, 0]), 1.0), b);\n}}")
     _, module = _compile(source, 2, monkeypatch)
-    assert _uses_gemm(module.plans["f"]), "expected the packed gemm path"
+    assert _uses_gemm(program_of(module).plans["f"]), "expected the packed gemm path"
     numpy_type = np.float32 if dtype == "F32" else np.float64
     rng = np.random.default_rng(m * n + k)
     x = rng.standard_normal((k, m)).astype(numpy_type)
@@ -201,7 +202,7 @@ def test_short_rows_of_dot_products_sum_jointly(rows, outputs, depth, monkeypatc
     source = (f"fn f(x: {_ty((rows, depth))}, w: {_ty((outputs, depth))}) -> "
               f"{_ty((rows, outputs))} {{ return matmul(x, transpose(w, [1, 0])); }}")
     _, module = _compile(source, 1, monkeypatch)
-    assert not _uses_gemm(module.plans["f"])
+    assert not _uses_gemm(program_of(module).plans["f"])
     rng = np.random.default_rng(rows * 100 + outputs * 10 + depth)
     x = rng.standard_normal((rows, depth)).astype(np.float32)
     w = rng.standard_normal((outputs, depth)).astype(np.float32)

@@ -334,7 +334,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "out np.matrix": ("ok", ()),
     "out too few": (ARG, ("out=", "2", "1")),
     "out one array for two results": (ARG, ("out=", "2", "1")),
-    "out None inside": (ARG, (r"out\[0\]", "numpy array")),
+    "out None inside": (ARG, (r"out\[0\]", "NumPy array", "NoneType")),
     "out wrong dtype": (ARG, (r"out\[0\]", "float32", "float64")),
     "out wrong shape": (ARG, (r"out\[0\]", r"\[3, 17\]", r"\[17, 3\]")),
     "out non-contiguous": (ARG, (r"out\[0\]", "C-contiguous")),

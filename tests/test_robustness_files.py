@@ -236,7 +236,7 @@ def test_non_utf8_and_empty_files(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("latin1.kina:1:7: error[K100]: invalid UTF-8 byte 0xe9")
     (tmp_path / "empty.kina").write_bytes(b"")
-    assert tilegen.compile_file(tmp_path / "empty.kina").plans == {}
+    assert tilegen.program_of(tilegen.compile_file(tmp_path / "empty.kina")).plans == {}
 
 
 # ---- outputs: interrupted runs leave whole files or nothing ---------------------------------
@@ -436,11 +436,10 @@ def test_interrupted_link_keeps_the_old_library(tmp_path, monkeypatch):
     """Ctrl-C while the finished library is copied next to its destination or renamed onto
     it: the library already there is untouched and the staging copy is removed."""
     from kina_frontend import load_program, specialize
-    from tilegen import runtime
-    from tilegen.pipeline import codegen, plan_program, to_llvm
+    from tilegen import library
+    from tilegen.pipeline import plan_program
 
-    program = specialize(load_program("storylm0_forward.kina"))
-    parsed = to_llvm(codegen(plan_program(program)), pic=True)
+    plans = plan_program(specialize(load_program("storylm0_forward.kina")))
     target = tmp_path / "forward.so"
     target.write_bytes(b"old library")
 
@@ -453,10 +452,10 @@ def test_interrupted_link_keeps_the_old_library(tmp_path, monkeypatch):
 
     for name, replacement in (("copyfile", half_copy), ("replace", no_rename)):
         with monkeypatch.context() as patch:
-            patch.setattr(runtime.shutil if name == "copyfile" else runtime.os, name,
+            patch.setattr(library.shutil if name == "copyfile" else library.os, name,
                           replacement)
             with pytest.raises(KeyboardInterrupt):
-                runtime.link_shared_library(parsed, str(target))
+                library.write_library(plans, str(target))
         assert target.read_bytes() == b"old library"
         assert [p.name for p in tmp_path.iterdir()] == ["forward.so"]
 

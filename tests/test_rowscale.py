@@ -11,6 +11,7 @@ from tilegen import loopir as L
 from tilegen.api import compile_program
 from tilegen.loopir_parse import parse_kernel
 from tilegen.rowscale import defer_row_scaling
+from tilegen.runtime import program_of
 
 
 def _ty(shape):
@@ -43,7 +44,7 @@ def test_attention_scales_the_weighted_sums(heads, t, width):
     s, v, o = _ty((heads, t, t)), _ty((heads, t, width)), _ty((heads, t, width))
     source = f"fn f(s: {s}, v: {v}) -> {o} {{ return matmul(softmax(s, axis=2), v); }}"
     module = compile_program(program_from_text(source, "attention.kina"))
-    kernel = module.plans["f"].kernel
+    kernel = program_of(module).plans["f"].kernel
     assert _scaling_nests(kernel) == 0
     assert parse_kernel(L.format_kernel(kernel)) == kernel
     rng = np.random.default_rng(heads * 100 + t)
@@ -68,7 +69,8 @@ def test_other_readers_keep_the_scaling(case):
     source = (f"fn f(s: {_ty((t, t))}, v: {_ty((t, width))}) -> ({_ty(first)}, "
               f"{_ty(second)}) {{ let p = softmax(s, axis=1); {body} }}")
     module = compile_program(program_from_text(source, "readers.kina"))
-    assert defer_row_scaling(module.plans["f"].kernel) == module.plans["f"].kernel
+    kernel = program_of(module).plans["f"].kernel
+    assert defer_row_scaling(kernel) == kernel
     rng = np.random.default_rng(7)
     s = rng.standard_normal((t, t)).astype(np.float32)
     v = rng.standard_normal((t, width)).astype(np.float32)

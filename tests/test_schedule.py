@@ -9,6 +9,7 @@ import pytest
 from kina_frontend import program_from_text
 from tilegen import loopir as L
 from tilegen.api import compile_program
+from tilegen.runtime import program_of
 
 
 def _ty(shape):
@@ -41,7 +42,7 @@ def test_row_passes_along_a_strided_axis_run_many_rows_per_tile(op, shape, axis)
     module = compile_program(program_from_text(source, "rows.kina"))
     # One outer tile loop per step of the row pass (the steps are split into nests of
     # their own, tilegen/fission.py).
-    assert _outer_vector_loops(module.plans["f"].kernel.body) >= 1
+    assert _outer_vector_loops(program_of(module).plans["f"].kernel.body) >= 1
     rng = np.random.default_rng(sum(shape) + axis)
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     x.reshape(-1)[::7] = -1e9  # masked entries: whole vectors of them underflow
@@ -56,7 +57,7 @@ def test_strided_stores_keep_the_inner_loop_vectorised():
     """A plain row-major nest is not turned inside out: its inner loop stays the tiled one."""
     source = f"fn f(x: {_ty((6, 40))}) -> {_ty((6, 40))} {{ return softmax(x, axis=1); }}"
     module = compile_program(program_from_text(source, "rows.kina"))
-    assert _outer_vector_loops(module.plans["f"].kernel.body) == 0
+    assert _outer_vector_loops(program_of(module).plans["f"].kernel.body) == 0
     x = np.random.default_rng(1).standard_normal((6, 40)).astype(np.float32)
     np.testing.assert_allclose(module.f(x), _softmax(x.astype(np.float64), 1), rtol=2e-6,
                                atol=1e-7)
@@ -77,7 +78,7 @@ def test_large_vector_loops_split_their_tiles_across_threads(source, shape, refe
     monkeypatch.setenv("TILEGEN_NUM_THREADS", str(threads))
     text = f"fn f(x: {_ty(shape)}) -> {_ty(shape)} {{ return {source}; }}"
     module = compile_program(program_from_text(text, "threads.kina"))
-    kernel = module.plans["f"].kernel
+    kernel = program_of(module).plans["f"].kernel
     top = kernel.body[0]
     assert top.kind == "vector" and top.threads == (threads if threads > 1 else 1)
     assert parse_kernel(format_kernel(kernel)) == kernel

@@ -17,6 +17,8 @@ __all__ = [
     "compile_file",
     "compile_program",
     "compile_source",
+    "load_library",
+    "program_of",
 ]
 
 
@@ -26,9 +28,12 @@ def __getattr__(name: str):
     if name in ("compile_file", "compile_source", "compile_program"):
         from . import api
         return getattr(api, name)
-    if name in ("ArgumentError", "IdOutOfRangeError"):
+    if name in ("ArgumentError", "IdOutOfRangeError", "program_of"):
         from . import runtime
         return getattr(runtime, name)
+    if name == "load_library":
+        from .library import load_library
+        return load_library
     if name == "KinaError":
         from kina_frontend import KinaError
         return KinaError

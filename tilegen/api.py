@@ -10,8 +10,9 @@ from kina_frontend.verify import check_program
 
 from . import config
 from .cache import MEMORY, DiskCache, cache_key
+from .library import aot_module
 from .pipeline import PlanTable, plan_program
-from .runtime import CompiledModule, aot_module, jit_module
+from .runtime import CompiledModule, jit_module
 
 
 def compile_program(program: Program, jit: bool = True, output: str | None = None,
@@ -47,6 +48,24 @@ def _checked(program: Program) -> Program:
     return program
 
 
+def planned(name: str, text: str, frontend, settings: config.Config, jit: bool,
+            names: tuple[str, ...] | None = None, lazy: bool = False):
+    """(plans, disk cache or None, cache key): the plans from the disk cache when
+    TILEGEN_CACHE_DIR is set and holds them, else planned now (and stored there). `lazy`
+    without a disk cache: each function planned on first use (a `PlanTable`), with the size
+    and autodiff diagnostics raised here."""
+    key = cache_key(name, f"{text}\0{names}", settings, jit)
+    disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
+    plans = disk.load_plans(key) if disk is not None else None
+    if plans is None and lazy and disk is None:
+        plans = PlanTable(frontend(), names, settings)
+    elif plans is None:
+        plans = plan_program(frontend(), names, settings)
+        if disk is not None:
+            disk.store_plans(key, plans)
+    return plans, disk, key
+
+
 def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
              names: tuple[str, ...] | None = None) -> CompiledModule:
     settings = config.load()
@@ -55,15 +74,8 @@ def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
         cached = MEMORY.get(key)
         if cached is not None:
             return cached
-    disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
-    plans = disk.load_plans(key) if disk is not None else None
-    if plans is None and jit and output is None and disk is None:
-        # Each function planned on first use; size and autodiff diagnostics raise here.
-        plans = PlanTable(frontend(), names, settings)
-    elif plans is None:
-        plans = plan_program(frontend(), names, settings)
-        if disk is not None:
-            disk.store_plans(key, plans)
+    plans, disk, key = planned(name, text, frontend, settings, jit, names,
+                               lazy=jit and output is None)
     if jit and output is None:
         module = jit_module(plans, settings.profile, disk, key)
     else:

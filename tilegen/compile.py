@@ -7,6 +7,7 @@ Stages, in pipeline order (each printable with --emit):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -18,15 +19,20 @@ STAGES = ("tokens", "ast", "types", "tensor", "loops", "llvm", "asm", "mlir")
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
+    # The console script is `tilegen`; `python -m tilegen.compile` runs this file.
+    invoked = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     parser = argparse.ArgumentParser(
-        prog="python -m tilegen.compile",
+        prog="tilegen" if invoked == "tilegen" else "python -m tilegen.compile",
         description="Compile a Kina program with tilegen. A bare name such as "
                     "'storylm0_forward.kina' resolves against the bundled examples.")
     parser.add_argument("file", help="a .kina file, or the name of a bundled example")
     parser.add_argument("--emit", action="append", choices=STAGES, default=[],
                         help="print a pipeline stage (repeatable)")
     parser.add_argument("--function", help="restrict --emit loops/llvm/asm to one function")
-    parser.add_argument("-o", "--output", help="write a shared library (.so) to this path")
+    parser.add_argument("-o", "--output",
+                        help="write a library: a shared library (.so), an object (.o) or a "
+                             "static library (.a), with the C ABI of docs/aot.md")
+    parser.add_argument("--header", help="with -o: also write the C header to this path")
     parser.add_argument("--run", action="store_true",
                         help="run @main with deterministic placeholder values and print each "
                              "result's shape and checksum")
@@ -69,6 +75,8 @@ def _compile(args: argparse.Namespace) -> int:
     program = specialize(checked)
     if "tensor" in args.emit:
         print(format_program(program, with_locations=True), end="")
+    if args.header and not args.output:
+        raise KinaError("io", "--header needs -o (the library the header describes)", None)
     backend_stages = [s for s in args.emit if s in ("loops", "llvm", "asm", "mlir")]
     if backend_stages or args.output or args.run:
         from .driver import run_backend_stages
@@ -85,27 +93,29 @@ def _compile(args: argparse.Namespace) -> int:
             results = ", ".join(shown_type(v.type, derived) for v in function.results)
             print(f"  {'@main ' if function.is_main else ''}{function.name}({params}) "
                   f"-> ({results})")
-        _compile_natively(program)
+        _compile_natively(program, source)
     return 0
 
 
-def _compile_natively(program) -> None:
-    """The default action: lower, schedule and JIT-compile every function, and say so."""
+def _compile_natively(program, source) -> None:
+    """The default action: lower, schedule and JIT-compile every function, and say so
+    (through the disk cache when TILEGEN_CACHE_DIR is set, as compile_file does)."""
     from . import config
+    from .api import planned
     from .loopir import Gemm
-    from .pipeline import plan_program
-    from .runtime import jit_module
+    from .runtime import jit_module, program_of
     from .target import host_cpu
 
     started = time.perf_counter()  # after the backend's imports, which are not compiling
-    plans = plan_program(program, None, config.load())
-    planned = time.perf_counter()
-    module = jit_module(plans)
-    for plan in plans:
-        module.function(plan.function.name)
+    settings = config.load()
+    plans, disk, key = planned(source.name, source.text, lambda: program, settings, True)
+    planned_at = time.perf_counter()
+    program_of(jit_module(plans, settings.profile, disk, key)).functions  # noqa: B018
     compiled = time.perf_counter()
-    print(f"lowered to {len(plans)} loop-nest kernel(s) ({(planned - started) * 1e3:.1f} ms), "
-          f"JIT-compiled for {host_cpu()[0]} ({(compiled - planned) * 1e3:.1f} ms)")
+    cached = f", disk cache {settings.cache_dir}" if disk is not None else ""
+    print(f"lowered to {len(plans)} loop-nest kernel(s) ({(planned_at - started) * 1e3:.1f} "
+          f"ms), JIT-compiled for {host_cpu()[0]} ({(compiled - planned_at) * 1e3:.1f} ms"
+          f"{cached})")
     for plan in plans:
         kernel = plan.kernel
         loops = list(_loops(kernel.body))

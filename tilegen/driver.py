@@ -1,4 +1,4 @@
-"""The CLI's back half: --emit loops|llvm|asm|mlir, -o OUT.so, --run."""
+"""The CLI's back half: --emit loops|llvm|asm|mlir, -o OUT.so|.o|.a [--header H], --run."""
 
 from __future__ import annotations
 
@@ -36,20 +36,31 @@ def run_backend_stages(program: Program, source: Source, args, started: float) -
         for plan in plans:
             print(format_kernel(plan.kernel))
             print()
-    builder_module = codegen(plans)
-    if "llvm" in args.emit:
-        print(to_llvm(builder_module, optimize_module=True), end="")
-    if "asm" in args.emit:
-        print(assembly(to_llvm(builder_module)), end="")
+    if "llvm" in args.emit or "asm" in args.emit:
+        builder_module = codegen(plans)
+        if "llvm" in args.emit:
+            print(to_llvm(builder_module, optimize_module=True), end="")
+        if "asm" in args.emit:
+            print(assembly(to_llvm(builder_module)), end="")
     if args.output:
-        from .runtime import link_shared_library
+        from .library import write_library
 
-        link_shared_library(to_llvm(builder_module, pic=True), args.output)
-        elapsed = (time.perf_counter() - started) * 1e3
-        print(f"wrote {args.output} ({len(plans)} function(s), {elapsed:.1f} ms)")
+        write_library(plans, args.output, args.header, source.name)
+        elapsed = time.perf_counter() - started
+        header = f" and {args.header}" if args.header else ""
+        print(f"wrote {args.output}{header} ({len(plans)} function(s), "
+              f"{format_seconds(elapsed)})")
     if args.run:
         return _run_main(program, args.seed)
     return 0
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration in the unit that reads best: 850 ns, 12.3 us, 4.5 ms, 1.25 s."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.0f} ns"
 
 
 def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
@@ -126,23 +137,23 @@ def _run_main(program: Program, seed: int) -> int:
     except MemoryError:
         raise KinaError("run", f"@{main.name}: not enough memory for its placeholder values",
                         main.span) from None
-    module = compile_program(program, names=(main.name,))
-    compiled = getattr(module, main.name)
     started = time.perf_counter()
+    function = getattr(compile_program(program, names=(main.name,)), main.name)
+    compiled = time.perf_counter()
     try:
-        outputs = compiled(*inputs)
+        outputs = function(*inputs)
     except IdOutOfRangeError as error:
         raise _id_error(error, inlined, main.name) from None
     except MemoryError as error:
         raise KinaError("run", f"@{main.name}: {error}", main.span) from None
-    elapsed = (time.perf_counter() - started) * 1e6
+    finished = time.perf_counter()
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     from kina_frontend.transforms import placeholders_to_params
 
     # Name the results by the @main's own bindings (inlining renames the values).
     named = placeholders_to_params(main).results
-    print(f"ran @{main.name} with {len(inputs)} placeholder(s) (seed {seed}) in "
-          f"{elapsed:.1f} us")
+    print(f"ran @{main.name} with {len(inputs)} placeholder(s) (seed {seed}): compiled in "
+          f"{format_seconds(compiled - started)}, ran in {format_seconds(finished - compiled)}")
     for value, array in zip(named, outputs, strict=True):
         crc = zlib.crc32(np.ascontiguousarray(array).tobytes())
         total = float(np.sum(array, dtype=np.float64))

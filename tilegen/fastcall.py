@@ -9,9 +9,12 @@ mismatch, or a kernel error, returns NotImplemented instead, and the Python wrap
 takes the slow path, which validates in Python and raises the precise error.
 
 The process-specific addresses the entry compares against (the ndarray type object,
-None, NotImplemented) live in a small global table the loader fills after loading, so
-the same code works in the JIT and in a shared library. The layout offsets are checked
-against live arrays before any fast entry is used (`layout_is_supported`).
+None, NotImplemented) and the CPython functions it calls (Py_IncRef, PyObject_Vectorcall,
+PyEval_SaveThread, ...) live in a small global table the loader fills after loading, so
+the same code works in the JIT and in a shared library, and the library has no undefined
+CPython symbols: a C program links and runs it without libpython (tilegen.cabi). The
+layout offsets are checked against live arrays before any fast entry is used
+(`layout_is_supported`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from llvmlite import ir
 from kina_frontend.types import DType
 
 from . import loopir as L
+from .symbols import RUNTIME_TABLE
 
 I8 = ir.IntType(8)
 I32 = ir.IntType(32)
@@ -37,10 +41,19 @@ OB_TYPE, ARRAY_DATA, ARRAY_ND, ARRAY_DIMS, ARRAY_DESCR, ARRAY_FLAGS = 8, 16, 24,
 DESCR_BYTEORDER, DESCR_TYPE_NUM = 26, 28
 C_CONTIGUOUS, ALIGNED, WRITEABLE = 0x0001, 0x0100, 0x0400
 
-# Slots of the runtime table.
-TABLE_NDARRAY, TABLE_NONE, TABLE_NOT_IMPLEMENTED, TABLE_TUPLE, TABLE_OUT_NAME = range(5)
-TABLE_SLOTS = 5
-TABLE_SYMBOL = "kina_runtime_table"
+# Slots of the runtime table: objects, then the CPython functions the entries call.
+(TABLE_NDARRAY, TABLE_NONE, TABLE_NOT_IMPLEMENTED, TABLE_TUPLE, TABLE_OUT_NAME,
+ TABLE_INCREF, TABLE_DECREF, TABLE_VECTORCALL, TABLE_SAVE_THREAD,
+ TABLE_RESTORE_THREAD) = range(10)
+TABLE_SLOTS = 10
+# Each CPython function by slot: its name in ctypes.pythonapi and its LLVM type.
+CPYTHON_FUNCTIONS = {
+    TABLE_INCREF: ("Py_IncRef", ir.FunctionType(ir.VoidType(), [PTR])),
+    TABLE_DECREF: ("Py_DecRef", ir.FunctionType(ir.VoidType(), [PTR])),
+    TABLE_VECTORCALL: ("PyObject_Vectorcall", ir.FunctionType(PTR, [PTR, PTR, I64, PTR])),
+    TABLE_SAVE_THREAD: ("PyEval_SaveThread", ir.FunctionType(PTR, [])),
+    TABLE_RESTORE_THREAD: ("PyEval_RestoreThread", ir.FunctionType(ir.VoidType(), [PTR])),
+}
 # CPython object layout: ob_type, then a tuple's ob_size and its items.
 OB_SIZE, TUPLE_ITEMS = 16, 24
 # nargsf's flag bit that lets a callee borrow args[-1] (PY_VECTORCALL_ARGUMENTS_OFFSET).
@@ -62,10 +75,10 @@ def _accepted_type_nums(dtype: str) -> tuple[int, ...]:
 
 
 def declare_runtime_table(module: ir.Module) -> ir.GlobalVariable:
-    existing = module.globals.get(TABLE_SYMBOL)
+    existing = module.globals.get(RUNTIME_TABLE)
     if existing is not None:
         return existing
-    table = ir.GlobalVariable(module, ir.ArrayType(PTR, TABLE_SLOTS), TABLE_SYMBOL)
+    table = ir.GlobalVariable(module, ir.ArrayType(PTR, TABLE_SLOTS), RUNTIME_TABLE)
     table.initializer = ir.Constant(ir.ArrayType(PTR, TABLE_SLOTS), None)
     return table
 
@@ -74,6 +87,14 @@ def _table_slot(b: ir.IRBuilder, table: ir.GlobalVariable, slot: int) -> ir.Valu
     pointer = b.gep(table, [ir.Constant(I64, 0), ir.Constant(I64, slot)],
                     source_etype=table.value_type)
     return b.load(pointer, typ=PTR)
+
+
+def _cpython(b: ir.IRBuilder, table: ir.GlobalVariable, slot: int, args: list) -> ir.Value:
+    """Call the CPython function in table slot `slot` (never a direct, undefined symbol)."""
+    _, fnty = CPYTHON_FUNCTIONS[slot]
+    pointer = b.gep(table, [ir.Constant(I64, 0), ir.Constant(I64, slot)],
+                    source_etype=table.value_type)
+    return b.call(b.load(pointer, typ=fnty.as_pointer()), args)
 
 
 def _field(b: ir.IRBuilder, obj: ir.Value, offset: int, ty) -> ir.Value:
@@ -163,20 +184,17 @@ def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
     error_record.type = PTR
     release = L.work(kernel.body) >= RELEASE_GIL_WORK
     if release:
-        save = _declare(module, "PyEval_SaveThread", ir.FunctionType(PTR, []))
-        restore = _declare(module, "PyEval_RestoreThread", ir.FunctionType(ir.VoidType(), [PTR]))
-        thread_state = b.call(save, [])
+        thread_state = _cpython(b, table, TABLE_SAVE_THREAD, [])
     status = b.call(kernel_fn, data_pointers + [error_record])
     if release:
-        b.call(restore, [thread_state])
+        _cpython(b, table, TABLE_RESTORE_THREAD, [thread_state])
     require(b.icmp_signed("==", status, ir.Constant(I64, 0)), "succeeded")
-    incref = _declare(module, "Py_IncRef", ir.FunctionType(ir.VoidType(), [PTR]))
     none = table_slot(TABLE_NONE)
-    b.call(incref, [none])
+    _cpython(b, table, TABLE_INCREF, [none])
     b.ret(none)
     b.position_at_end(fallback)
     not_implemented = table_slot(TABLE_NOT_IMPLEMENTED)
-    b.call(incref, [not_implemented])
+    _cpython(b, table, TABLE_INCREF, [not_implemented])
     b.ret(not_implemented)
     return entry
 
@@ -230,16 +248,12 @@ def build_keyword_entry(module: ir.Module, kernel: L.Kernel, entry: ir.Function,
                     b.gep(arrays, [ir.Constant(I64, position)], source_etype=PTR))
     result = b.call(entry, [ir.Constant(PTR, None), arrays,
                             ir.Constant(I64, inputs + outputs)])
-    decref = _declare(module, "Py_DecRef", ir.FunctionType(ir.VoidType(), [PTR]))
-    b.call(decref, [result])  # None, or NotImplemented when the entry declined
+    _cpython(b, table, TABLE_DECREF, [result])  # None, or NotImplemented when it declined
     require(b.icmp_unsigned("==", result, _table_slot(b, table, TABLE_NONE)), "ran")
-    incref = _declare(module, "Py_IncRef", ir.FunctionType(ir.VoidType(), [PTR]))
-    b.call(incref, [out])
+    _cpython(b, table, TABLE_INCREF, [out])
     b.ret(out)
     b.position_at_end(fallback)
-    vectorcall = _declare(module, "PyObject_Vectorcall",
-                          ir.FunctionType(PTR, [PTR, PTR, I64, PTR]))
-    b.ret(b.call(vectorcall, [wrapper, args, nargsf, kwnames]))
+    b.ret(_cpython(b, table, TABLE_VECTORCALL, [wrapper, args, nargsf, kwnames]))
     return front
 
 
@@ -326,11 +340,6 @@ def _disjointness_check(module: ir.Module, symbol: str, inputs: int,
     return function
 
 
-def _declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
-    existing = module.globals.get(name)
-    return existing if existing is not None else ir.Function(module, fnty, name)
-
-
 def fill_runtime_table(address: int) -> None:
     table = (ctypes.c_void_p * TABLE_SLOTS).from_address(address)
     table[TABLE_NDARRAY] = id(np.ndarray)
@@ -340,6 +349,8 @@ def fill_runtime_table(address: int) -> None:
     # Keyword names in call sites are interned, so `out=` arrives as this very object (a
     # different but equal string only takes the slower wrapper path).
     table[TABLE_OUT_NAME] = id(_OUT_NAME)
+    for slot, (name, _) in CPYTHON_FUNCTIONS.items():
+        table[slot] = ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
 
 
 @functools.cache

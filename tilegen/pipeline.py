@@ -24,6 +24,7 @@ from kina_frontend.transforms import (
 
 from . import config
 from . import loopir as L
+from .cabi import build_packed_entry
 from .codegen import KernelCodegen
 from .config import Config
 from .fastcall import build_entry, build_keyword_entry
@@ -31,12 +32,9 @@ from .fission import fission_pass
 from .lower import lower_function
 from .rowscale import defer_row_scaling
 from .schedule import parallelize_pass, thread_interchange_pass, vectorize_pass
+from .symbols import function_symbol, kernel_symbol
 from .target import LLVM_LOCK, optimize, target_machine, triple
 from .vecmath import MathLibrary
-
-SYMBOL_PREFIX = "kina_"
-ENTRY_PREFIX = "kina_entry_"
-CALL_PREFIX = "kina_call_"
 
 # Loop-IR passes, in order; each maps (kernel, options) to a kernel.
 SCHEDULE_PASSES = (
@@ -59,15 +57,19 @@ class KernelPlan:
 
     @property
     def symbol(self) -> str:
-        return SYMBOL_PREFIX + self.kernel.name
+        return kernel_symbol(self.kernel.name)
 
     @property
     def entry_symbol(self) -> str:
-        return ENTRY_PREFIX + self.kernel.name
+        return function_symbol(self.kernel.name, "entry")
 
     @property
     def call_symbol(self) -> str:
-        return CALL_PREFIX + self.kernel.name
+        return function_symbol(self.kernel.name, "call")
+
+    @property
+    def packed_symbol(self) -> str:
+        return function_symbol(self.kernel.name, "packed")
 
     @property
     def canonical_key(self) -> str:
@@ -144,6 +146,9 @@ class PlanTable(Mapping[str, KernelPlan]):
         """The functions planned so far."""
         return tuple(self._plans)
 
+    def __contains__(self, name: object) -> bool:  # without planning it
+        return name in self._names
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
@@ -165,6 +170,7 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina",
     for plan in plans:
         kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile,
                                   plan.stack_bytes).build()
+        build_packed_entry(module, kernel_fn, plan.packed_symbol)
         entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
         build_keyword_entry(module, plan.kernel, entry, plan.call_symbol)
     return module

@@ -18,7 +18,11 @@ def _compiled(function):
     """The CompiledFunction behind what a module hands out: the native keyword front's
     `__self__` is the Python wrapper, whose `slow_path` it is."""
     wrapper = getattr(function, "__self__", function)
-    return getattr(wrapper, "slow_path", wrapper)
+    compiled = getattr(wrapper, "slow_path", wrapper)
+    if getattr(compiled, "plan", None) is None:
+        raise RuntimeError("profiling needs a function compiled in this process with "
+                           "TILEGEN_PROFILE=1 (a library loaded with load_library has no plan)")
+    return compiled
 
 
 def counters(function) -> list[int]:

@@ -1,9 +1,11 @@
 """Compiled modules and their Python callables.
 
-A `CompiledModule` owns the native code (an MCJIT engine, or a loaded shared library)
-for as long as any of its functions is alive. Each `CompiledFunction` validates its
-arguments (dtype, shape, contiguity), allocates or checks its outputs, calls the
-native entry point and turns a failed id check into a Python exception.
+A `NativeProgram` owns the native code (an MCJIT engine per function, or a loaded shared
+library) for as long as any of its functions is alive; a `CompiledModule` is the namespace
+of its functions and nothing else. Each `CompiledFunction` validates its arguments (dtype,
+shape, contiguity), allocates or checks its outputs, calls the native entry point and turns
+a failed id check into a Python exception. Libraries are built and loaded in
+tilegen.library.
 """
 
 from __future__ import annotations
@@ -13,12 +15,8 @@ import ctypes.util
 import functools
 import inspect
 import keyword
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -28,9 +26,12 @@ from kina_frontend.diagnostics import KinaError
 
 from . import forksafe
 from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
-from .fastcall import TABLE_SYMBOL, fill_runtime_table, layout_is_supported, make_builtin
+from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
+from .interop import as_input, as_output
 from .parallel import THREADS_SUFFIX
-from .pipeline import KernelPlan, codegen, jit_object_code, object_code, to_llvm
+from .pipeline import KernelPlan, codegen, jit_object_code, to_llvm
+from .signature import Signature
+from .symbols import RUNTIME_TABLE
 from .target import LLVM_LOCK, new_target_machine
 
 
@@ -50,16 +51,20 @@ class _ErrorRecord(threading.local):
 
 
 class CompiledFunction:
-    def __init__(self, module: CompiledModule, plan: KernelPlan, address: int):
-        self._module = module  # keeps the native code alive
-        self.name = plan.function.name
+    """The checked call of one compiled function: validates in Python, calls the kernel
+    through its `packed` trampoline (one pointer to the buffer addresses, so any arity
+    fits ctypes), raises the precise error. The fast native entries fall back to it."""
+
+    def __init__(self, program: NativeProgram, signature: Signature, native: NativeCode,
+                 plan: KernelPlan | None = None):
+        self._module = program  # keeps the native code alive
+        self.name = signature.name
+        self.signature = signature
         self.plan = plan
-        self.params = tuple((p.name, p.type.dtype.numpy, p.type.concrete_shape)
-                            for p in plan.function.params)
-        self.results = tuple((v.type.dtype.numpy, v.type.concrete_shape)
-                             for v in plan.function.results)
-        arity = len(self.params) + len(self.results) + 1
-        self._native = ctypes.CFUNCTYPE(ctypes.c_int64, *([ctypes.c_void_p] * arity))(address)
+        self.params = signature.params
+        self.results = signature.results
+        self._addresses = ctypes.c_void_p * (len(self.params) + len(self.results) + 1)
+        self._native = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)(native.packed)
         self._errors = _ErrorRecord()
         self.__doc__ = f"{self.name}({', '.join(p[0] for p in self.params)})"
 
@@ -73,10 +78,13 @@ class CompiledFunction:
                                 f"({', '.join(p[0] for p in self.params)}), got {len(args)}")
         inputs = [self._argument(position, arg) for position, arg in enumerate(args)]
         outputs = self._outputs(out, inputs)
-        pointers = [a.ctypes.data for a in inputs] + [o.ctypes.data for o in outputs]
-        status = self._native(*pointers, self._errors.pointer)
+        addresses = self._addresses(*[a.ctypes.data for a in inputs],
+                                    *[o.ctypes.data for o in outputs], self._errors.pointer)
+        status = self._native(addresses)
         if status != 0:
             self._raise(status)
+        if out is not None:  # what was given (a torch tensor stays one), as the fast path
+            return tuple(out) if isinstance(out, (tuple, list)) else out
         if len(outputs) == 1:
             return outputs[0]
         return tuple(outputs)
@@ -84,11 +92,7 @@ class CompiledFunction:
     def _argument(self, position: int, arg) -> np.ndarray:
         name, dtype, shape = self.params[position]
         if not isinstance(arg, np.ndarray):
-            try:
-                arg = np.asarray(arg)
-            except Exception as error:  # noqa: BLE001 -- any conversion failure is the user's
-                raise ArgumentError(f"{self.name}(): argument '{name}' is not an array: "
-                                    f"{error}") from None
+            arg = as_input(arg, f"{self.name}(): argument '{name}'")
         if arg.dtype != dtype:
             if arg.dtype.newbyteorder("=") == dtype:
                 # The right element type in the other byte order: converted once, like a
@@ -108,20 +112,21 @@ class CompiledFunction:
     def _outputs(self, out, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if out is None:
             return [np.empty(shape, dtype) for dtype, shape in self.results]
-        if isinstance(out, np.ndarray):
-            given = [out]
-        elif isinstance(out, (tuple, list)):
+        if isinstance(out, (tuple, list)):
             given = list(out)
+        elif isinstance(out, np.ndarray) or (
+                len(self.results) == 1 and not isinstance(out, (int, float, str))):
+            given = [out]  # an array, or (for one result) a tensor from elsewhere
         else:
             raise ArgumentError(f"{self.name}(): out= must be an array or a tuple of arrays, got "
                                 f"{type(out).__name__}")
         if len(given) != len(self.results):
             raise ArgumentError(f"{self.name}(): out= needs {len(self.results)} array(s), got "
                                 f"{len(given)}")
+        given = [as_output(array, f"{self.name}(): out[{position}]")
+                 for position, array in enumerate(given)]
         for position, (array, (dtype, shape)) in enumerate(zip(given, self.results, strict=True)):
             what = f"{self.name}(): out[{position}]"
-            if not isinstance(array, np.ndarray):
-                raise ArgumentError(f"{what} must be a numpy array")
             if array.dtype != dtype or array.shape != shape:
                 raise ArgumentError(f"{what} must be {dtype.name}{list(shape)}, got "
                                     f"{_dtype_text(array.dtype)}{list(array.shape)}")
@@ -139,7 +144,7 @@ class CompiledFunction:
         if status < 0:
             raise MemoryError(f"{self.name}(): could not allocate temporary buffers")
         site_index, value, position = (int(x) for x in self._errors.array)
-        site = self.plan.kernel.check_sites[site_index]
+        site = self.signature.check_sites[site_index]
         shape = site.ids_shape
         index = list(np.unravel_index(position, shape)) if shape else []
         index = [int(i) for i in index]
@@ -187,19 +192,28 @@ def _text_signature(wrapper) -> str:
             f"out= takes preallocated result arrays (one array, or a tuple for several).")
 
 
+def wrapper_parameters(names: Sequence[str]) -> list[str]:
+    """The generated wrapper's parameter names: the Kina names where Python takes them
+    (so its own arity errors name them), `_p<position>` otherwise. Every other name in the
+    wrapper (`_entry`, `_slow`, `_o0`, ...) starts with `_` and no Kina name that does is
+    kept, so no parameter can shadow them or another parameter."""
+    return [name if name.isidentifier() and not keyword.iskeyword(name) and
+            not name.startswith("_") and name != "out" else f"_p{position}"
+            for position, name in enumerate(names)]
+
+
 def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
     """A plain Python function with the Kina signature that calls the native entry and
     falls back to `slow` (which validates and raises) when the entry declines."""
-    # Parameters carry the Kina names, so Python's own arity errors name them.
-    params = [name if name.isidentifier() and not keyword.iskeyword(name) and
-              not name.startswith("_") and name != "out" else f"arg{i}"
-              for i, (name, _, _) in enumerate(slow.params)]
-    outs = [f"o{i}" for i in range(len(slow.results))]
+    params = wrapper_parameters([name for name, _, _ in slow.params])
+    outs = [f"_o{i}" for i in range(len(slow.results))]
     args = ", ".join(params)
     returned = outs[0] if len(outs) == 1 else "(" + "".join(o + ", " for o in outs) + ")"
-    lines = [f"def {slow.name}({args}{', ' if args else ''}*, out=None):",
+    # Defined under a fixed name and renamed afterwards: a Kina function may be called
+    # `lambda` or `_entry`.
+    lines = [f"def _wrapper({args}{', ' if args else ''}*, out=None):",
              "    if out is None:"]
-    lines += [f"        o{i} = _empty(_shape{i}, _dtype{i})" for i in range(len(outs))]
+    lines += [f"        _o{i} = _empty(_shape{i}, _dtype{i})" for i in range(len(outs))]
     lines += [f"        if _entry({', '.join(params + outs)}) is None:",
               f"            return {returned}",
               f"        return _slow({args})",
@@ -211,7 +225,9 @@ def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
         namespace[f"_shape{i}"] = shape
         namespace[f"_dtype{i}"] = dtype
     exec(compile("\n".join(lines), f"<tilegen {slow.name}>", "exec"), namespace)
-    function = namespace[slow.name]
+    function = namespace["_wrapper"]
+    function.__code__ = function.__code__.replace(co_name=slow.name, co_qualname=slow.name)
+    function.__name__ = function.__qualname__ = slow.name
     function.__doc__ = slow.__doc__
     function.slow_path = slow
     function.plan = slow.plan
@@ -224,7 +240,7 @@ def _fast_wrapper(slow: CompiledFunction, entry, keepalive):
 class NativeCode:
     """Where one function's compiled code lives and what keeps it alive."""
 
-    kernel: int  # address of the kernel
+    packed: int  # address of `i64 (ptr addresses)`: the kernel on an array of buffer addresses
     entry: int  # address of its METH_FASTCALL entry (positional inputs then outputs)
     call: int  # address of its METH_FASTCALL | METH_KEYWORDS front (inputs, out=)
     table: int | None  # address of the runtime table the entry reads
@@ -254,28 +270,35 @@ class _CodeOwner:
                 _LIBC_FREE(block)
 
 
-class CompiledModule:
-    """The compiled functions of one Kina program, as attributes.
+class NativeProgram:
+    """The native code of one compiled Kina program (an MCJIT engine per function, or a
+    loaded library), with each function's signature and plan: everything about a module
+    except its functions, which `CompiledModule` holds alone (`tilegen.program_of`).
 
     In JIT mode each function is compiled to machine code on first use (lowering and
     checking already happened, so errors surface at compile_file time); a shared library
     holds all of them at once."""
 
-    def __init__(self, plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], kind: str,
-                 load):
+    def __init__(self, signatures: Sequence[Signature] | Mapping[str, Signature], kind: str,
+                 load, plans: Sequence[KernelPlan] | Mapping[str, KernelPlan] = (),
+                 path: str | None = None):
         self.kind = kind
-        # A mapping by name may plan each function on first use (pipeline.PlanTable).
+        self.path = path  # the library file, when loaded from one that stays
+        # Mappings by name may plan each function on first use (pipeline.PlanTable).
+        self.signatures = signatures if isinstance(signatures, Mapping) else \
+            {signature.name: signature for signature in signatures}
         self.plans = plans if isinstance(plans, Mapping) else \
             {plan.function.name: plan for plan in plans}
-        self._load = load  # plan -> NativeCode
+        self._load = load  # function name -> NativeCode
         self._functions: dict[str, object] = {}
         self._natives: dict[str, NativeCode] = {}
         self._lock = threading.Lock()
+        self.module: CompiledModule | None = None  # the namespace (see new_module)
 
     @property
     def functions(self) -> dict[str, object]:
         """Every function, compiled (forces compilation of those not yet used)."""
-        return {name: self.function(name) for name in self.plans}
+        return {name: self.function(name) for name in self.signatures}
 
     def function(self, name: str):
         compiled = self._functions.get(name)
@@ -283,20 +306,20 @@ class CompiledModule:
             return compiled
         with self._lock:
             if name not in self._functions:
-                self._functions[name] = self._wrap(self.plans[name])
+                self._functions[name] = self._wrap(name)
             return self._functions[name]
 
-    def _wrap(self, plan: KernelPlan):
-        native = self._load(plan)
-        self._natives[plan.function.name] = native
-        slow = CompiledFunction(self, plan, native.kernel)
+    def _wrap(self, name: str):
+        native = self._load(name)
+        self._natives[name] = native
+        slow = CompiledFunction(self, self.signatures[name], native, self.plans.get(name))
         if native.table is None or not layout_is_supported():
             return slow
         fill_runtime_table(native.table)
-        entry = make_builtin(plan.entry_symbol, native.entry)
+        entry = make_builtin(name, native.entry)
         wrapper = _fast_wrapper(slow, entry, self)
         # What users call: the native keyword front, falling back to `wrapper`.
-        return make_builtin(slow.name, native.call, self_object=wrapper, keywords=True,
+        return make_builtin(name, native.call, self_object=wrapper, keywords=True,
                             doc=_text_signature(wrapper))
 
     def profile_address(self, plan: KernelPlan) -> int | None:
@@ -304,18 +327,78 @@ class CompiledModule:
         self.function(plan.function.name)
         return self._natives[plan.function.name].profile
 
+
+# A module's NativeProgram, stored in its instance dict under a key no Kina name can be.
+_PROGRAM = "tilegen.program"
+
+
+class CompiledModule:
+    """The functions of one Kina program as attributes, and nothing else.
+
+    A program may call a function `kind`, `plans`, `function` or `__init__`, so the
+    module's own data lives apart (`tilegen.program_of(module)`) and every function is a
+    plain instance attribute, set when it is first compiled -- reading `m.f` costs what a
+    bound name does. Names the class itself defines (its dunders) are set at creation, and
+    the data descriptors every such object has (`__class__`, `__dict__`, `__weakref__`)
+    become attributes of a per-module subclass."""
+
+    __slots__ = ("__dict__", "__weakref__")
+
     def __getattr__(self, name: str):
-        plans = self.__dict__.get("plans", {})
-        if name in plans:
-            return self.function(name)
+        # Only reached for a name not set yet: compile it, then it is a real attribute.
+        program = object.__getattribute__(self, _PROGRAM)
+        if name in program.signatures:
+            function = program.function(name)
+            object.__setattr__(self, name, function)
+            return function
         raise AttributeError(f"the compiled program has no function '{name}' (it has: "
-                             f"{', '.join(plans)})")
+                             f"{', '.join(program.signatures)})")
 
     def __dir__(self):
-        return list(super().__dir__()) + list(self.plans)
+        return list(object.__getattribute__(self, _PROGRAM).signatures)
 
     def __repr__(self) -> str:
-        return f"<tilegen module ({self.kind}): {', '.join(self.plans)}>"
+        program = object.__getattribute__(self, _PROGRAM)
+        return f"<tilegen module ({program.kind}): {', '.join(program.signatures)}>"
+
+
+_MISSING = object()
+
+
+def _class_attribute(name: str):
+    """What an instance lookup of `name` finds on the module's class (not its metaclass)."""
+    for klass in CompiledModule.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _MISSING
+
+
+def _is_data_descriptor(value) -> bool:
+    return hasattr(type(value), "__set__") or hasattr(type(value), "__delete__")
+
+
+def new_module(program: NativeProgram) -> CompiledModule:
+    """The namespace of `program`'s functions (see CompiledModule)."""
+    shadowed = [name for name in program.signatures if _class_attribute(name) is not _MISSING]
+    pinned = {name: program.function(name) for name in shadowed
+              if _is_data_descriptor(_class_attribute(name))}
+    module_type = CompiledModule
+    if pinned:
+        module_type = type("CompiledModule", (CompiledModule,), {"__slots__": (), **pinned})
+    module = object.__new__(module_type)
+    object.__setattr__(module, _PROGRAM, program)
+    program.module = module  # a function keeps its module alive (a cycle the GC breaks)
+    for name in shadowed:
+        if name not in pinned:
+            object.__setattr__(module, name, program.function(name))
+    return module
+
+
+def program_of(module: CompiledModule) -> NativeProgram:
+    """A compiled module's own data: kind ("jit"/"so"), plans, signatures, functions."""
+    if not isinstance(module, CompiledModule):
+        raise TypeError(f"program_of() takes a tilegen module, got {type(module).__name__}")
+    return object.__getattribute__(module, _PROGRAM)
 
 
 @functools.cache
@@ -351,8 +434,10 @@ def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: 
         return _engine_from_object(data)
 
     shared: dict[str, NativeCode] = {}  # functions computing the same thing share code
+    by_name = plans if isinstance(plans, Mapping) else {plan.function.name: plan for plan in plans}
 
-    def load(plan: KernelPlan) -> NativeCode:
+    def load(name: str) -> NativeCode:
+        plan = by_name[name]
         key = plan.canonical_key
         if key in shared:
             return shared[key]
@@ -362,19 +447,43 @@ def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: 
     def compile_one(plan: KernelPlan) -> NativeCode:
         engine = engine_for(plan)
         with LLVM_LOCK:
-            kernel = engine.get_function_address(plan.symbol)
+            packed = engine.get_function_address(plan.packed_symbol)
             entry = engine.get_function_address(plan.entry_symbol)
             call = engine.get_function_address(plan.call_symbol)
             blocks = engine.get_global_value_address(plan.symbol + BLOCKS_SUFFIX)
             count = engine.get_global_value_address(plan.symbol + BLOCK_COUNT_SUFFIX)
-            table = engine.get_global_value_address(TABLE_SYMBOL)
+            table = engine.get_global_value_address(RUNTIME_TABLE)
             counters = engine.get_global_value_address(plan.symbol + ".cycles") \
                 if profile else None
             forksafe.bind(engine.get_global_value_address(plan.symbol + THREADS_SUFFIX))
-        return NativeCode(kernel, entry, call, table, counters or None,
+        return NativeCode(packed, entry, call, table, counters or None,
                           _CodeOwner(engine, blocks, ctypes.c_int64.from_address(count).value))
 
-    return CompiledModule(plans, "jit", load)
+    return new_module(NativeProgram(_PlannedSignatures(by_name), "jit", load, by_name))
+
+
+class _PlannedSignatures(Mapping[str, Signature]):
+    """The signatures of planned functions by name, each read from its plan when first
+    asked for: names alone (a module's `dir`, `hasattr`) never plan a function."""
+
+    def __init__(self, plans: Mapping[str, KernelPlan]):
+        self._plans = plans
+        self._signatures: dict[str, Signature] = {}
+
+    def __getitem__(self, name: str) -> Signature:
+        signature = self._signatures.get(name)
+        if signature is None:
+            signature = self._signatures[name] = Signature.of_plan(self._plans[name])
+        return signature
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._plans
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._plans)
+
+    def __len__(self) -> int:
+        return len(self._plans)
 
 
 def _engine_from_object(data: bytes):
@@ -383,76 +492,3 @@ def _engine_from_object(data: bytes):
         engine.add_object_file(llvm.ObjectFileRef.from_data(data))
         engine.finalize_object()
     return engine
-
-
-def link_shared_library(parsed: llvm.ModuleRef, path: str) -> None:
-    """Write `path` (.so) from the module: object code, then the system linker. The library
-    appears under its final name only when complete (temporary name, then rename)."""
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    with tempfile.TemporaryDirectory(prefix="tilegen-") as work:
-        object_path = os.path.join(work, "module.o")
-        with open(object_path, "wb") as handle:
-            handle.write(object_code(parsed))
-        linked = os.path.join(work, "module.so")
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
-            raise KinaError("io", "no C compiler found to link a shared library (set CC or "
-                            "install gcc)", None)
-        result = subprocess.run([compiler, "-shared", "-o", linked, object_path, "-lm",
-                                 "-lgomp"], capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise KinaError("io", f"linking {path} failed: {result.stderr.strip()}", None)
-        if os.path.isdir(path):
-            raise KinaError("io", f"cannot write '{path}': it is a directory", None)
-        staging = None
-        try:
-            handle_fd, staging = tempfile.mkstemp(prefix=".tilegen-", suffix=".so",
-                                                  dir=directory)
-            os.close(handle_fd)
-            shutil.copyfile(linked, staging)
-            os.chmod(staging, 0o755)
-            os.replace(staging, path)
-        except OSError as error:
-            raise KinaError("io", f"cannot write '{path}': {error.strerror or error}",
-                            None) from None
-        finally:
-            if staging is not None and os.path.exists(staging):
-                os.unlink(staging)
-
-
-def load_shared_library(plans: list[KernelPlan], path: str) -> CompiledModule:
-    library = ctypes.CDLL(os.path.abspath(path))
-    table = ctypes.addressof(ctypes.c_void_p.in_dll(library, TABLE_SYMBOL))
-
-    def address(symbol: str) -> int:
-        return ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
-
-    def load(plan: KernelPlan) -> NativeCode:
-        try:
-            counters = ctypes.addressof(ctypes.c_int64.in_dll(library, plan.symbol + ".cycles"))
-        except ValueError:
-            counters = None
-        forksafe.bind(ctypes.addressof(ctypes.c_void_p.in_dll(library,
-                                                               plan.symbol + THREADS_SUFFIX)))
-        return NativeCode(address(plan.symbol), address(plan.entry_symbol),
-                          address(plan.call_symbol), table, counters,
-                          _CodeOwner(library, ctypes.addressof(ctypes.c_void_p.in_dll(
-                              library, plan.symbol + BLOCKS_SUFFIX)), ctypes.c_int64.in_dll(
-                              library, plan.symbol + BLOCK_COUNT_SUFFIX).value))
-
-    module = CompiledModule(plans, "so", load)
-    module.functions  # noqa: B018 -- resolve every symbol now, while the file exists
-    return module
-
-
-def aot_module(plans: list[KernelPlan], profile: bool = False,
-               keep_path: str | None = None) -> CompiledModule:
-    """Build a .so, load it, and (unless `keep_path` is given) remove the file again."""
-    parsed = to_llvm(codegen(plans, profile=profile), pic=True)
-    if keep_path is not None:
-        link_shared_library(parsed, keep_path)
-        return load_shared_library(plans, keep_path)
-    with tempfile.TemporaryDirectory(prefix="tilegen-so-") as work:
-        path = os.path.join(work, "module.so")
-        link_shared_library(parsed, path)
-        return load_shared_library(plans, path)
