@@ -34,8 +34,9 @@ def module():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TILEGEN_NUM_THREADS", "2")
         compiled = compile_program(program_from_text(_PROGRAM, "ids.kina"))
+    plans = tilegen.program_of(compiled).plans
     for name in ("given", "computed"):
-        checks = [loop for loop in L.statements(compiled.plans[name].kernel.body)
+        checks = [loop for loop in L.statements(plans[name].kernel.body)
                   if isinstance(loop, L.For) and loop.kind == "parallel"
                   and any(isinstance(e, L.CheckedId) for s in L.statements(loop.body)
                           if isinstance(s, (L.Let, L.Store)) for e in L.subexpressions(s.value))]

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import tilegen
 from kina_frontend import program_from_text
 from tilegen import loopir as L
 from tilegen.api import compile_program
@@ -99,7 +100,7 @@ def test_positions_of_a_scatter_are_never_split_across_threads(monkeypatch):
     """The issue's program: the loop over positions stays serial; the columns are what the
     threads split, in whole vector tiles."""
     module = _compile(_scatter_source(8192, 64, 7), monkeypatch)
-    kernel = module.plans["f"].kernel
+    kernel = tilegen.program_of(module).plans["f"].kernel
     threaded = [loop for loop in _loops(kernel.body) if _threaded(loop)]
     assert threaded, L.format_kernel(kernel)
     for loop in threaded:
@@ -126,7 +127,7 @@ def test_parallel_scatter_add_matches_add_at_on_every_call(monkeypatch, position
     source = _scatter_source(positions, width, rows)
     parallel = _compile(source, monkeypatch, threads=2)
     serial = _compile(source, monkeypatch, threads=1)
-    kernel = parallel.plans["f"].kernel
+    kernel = tilegen.program_of(parallel).plans["f"].kernel
     assert any(_threaded(loop) for loop in _loops(kernel.body))
     assert not _unsplit_indirect_stores(kernel), L.format_kernel(kernel)
     rng = np.random.default_rng(positions + width)
@@ -178,9 +179,9 @@ def test_embedding_gradient_with_two_threads(monkeypatch, tokens):
         f"const T = {tokens};\n{_LM_LOSS}"
     module = _compile(source, monkeypatch, threads=2)
     assert any(_threaded(loop) and loop.var.name.startswith("j")
-               for loop in _loops(module.plans["grad"].kernel.body)), \
+               for loop in _loops(tilegen.program_of(module).plans["grad"].kernel.body)), \
         "the scatter of the gradient should run on two threads"
-    assert not _unsplit_indirect_stores(module.plans["grad"].kernel)
+    assert not _unsplit_indirect_stores(tilegen.program_of(module).plans["grad"].kernel)
     rng = np.random.default_rng(tokens)
     table = rng.standard_normal((vocab, width)).astype(np.float32)
     w = (rng.standard_normal((width, classes)) / np.sqrt(width)).astype(np.float32)
@@ -251,7 +252,7 @@ def test_generated_scatter_programs_with_two_threads(case, seed):
                   f"{{ return scatter_add({_chain(steps, 'u')}, ids, {rows}); }}")
     with pytest.MonkeyPatch.context() as patch:
         module = _compile(source, patch, threads=2)
-    assert not _unsplit_indirect_stores(module.plans["f"].kernel)
+    assert not _unsplit_indirect_stores(tilegen.program_of(module).plans["f"].kernel)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, rows, positions).astype(np.int64)
     if through_gradient:
