@@ -296,7 +296,7 @@ def check_case(text: str) -> str:
             types = list(function.param_types)
         inputs = _inputs(types, len(text))
         try:
-            compiled = module.function(function.name)
+            compiled = getattr(module, function.name)
         except KinaError:
             outcome = "lowering"
             continue
