@@ -1,0 +1,368 @@
+"""The tile IR -> LLVM IR: one function per program instance, and the grid launcher.
+
+Scalars are SSA values. Every tile lives in the program's scratch frame (one block per CPU
+thread, given by the launcher), at an offset fixed while emitting; an op reads its operand
+tiles and writes its result tile in vector chunks of up to 16 lanes that never cross a row
+(tile dims are powers of two, so chunks divide rows exactly). `tt.expand_dims`,
+`tt.reshape` and same-width bitcasts are views of their operand's bytes. Loads and stores
+use the pointer analysis (analysis.py): masked vector loads/stores for pointer tiles that
+are contiguous along the last axis, gathers/scatters otherwise; masked-off lanes never
+touch memory. Reductions and scans run the op's combine region on whole vectors across
+the kept axis, or along a row and then across the lanes.
+
+ABI: `void @<name>.program(ptr args, i32 pid_x, pid_y, pid_z, i32 num_x, num_y, num_z,
+ptr frame, ptr status)` reads each kernel argument from its 8-byte slot of `args`
+(pointers and integers as i64, floats as f64); `void @<name>.launch(ptr args, i64 nx, ny,
+nz, ptr scratch, i64 frame_bytes, i32 threads, ptr status)` runs the grid, over `threads`
+threads through libgomp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from . import memory, tiles
+from .analysis import last_axis_strides
+from .elementwise import (
+    ELEMENTWISE_OPS,
+    I1,
+    I32,
+    I64,
+    PTR,
+    Elementwise,
+    of_width,
+    scalar_type,
+    splat_constant,
+    storage_type,
+)
+from .tileir import Block, Op, Program, TileError, TileType, Value
+
+CHUNK = 16  # lanes of a vector chunk (one AVX-512 register of f32)
+UNROLL_CHUNKS = 4
+_VIEWS = ("tt.expand_dims", "tt.reshape")
+_IGNORED = ("llvm.intr.assume", "tt.assume", "gpu.barrier", "tt.debug_barrier")
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A tile value: `type` at byte `offset` of the frame."""
+
+    offset: int
+    type: TileType
+
+    @property
+    def storage(self) -> ir.Type:
+        return storage_type(self.type.elem)
+
+
+def chunk_width(type_: TileType) -> int:
+    return min(CHUNK, type_.shape[-1]) if type_.shape else 1
+
+
+class ProgramEmitter:
+    def __init__(self, program: Program, module: ir.Module, debug: bool = False):
+        self.program = program
+        self.module = module
+        self.debug = debug
+        self.ew = Elementwise(module)
+        self.strides, self.constants = last_axis_strides(program)
+        self.frame_bytes = 0
+        self.env: dict[int, object] = {}
+        self.region_width = 0  # >0 while a combine region runs on vectors
+        self.check_sites: list[str] = []
+        args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
+        self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
+                                    f"{program.name}.program")
+        self.function.linkage = "internal"
+        (self.args_ptr, *pids), self.frame_ptr, self.status = \
+            self.function.args[:7], self.function.args[7], self.function.args[8]
+        self.program_ids, self.num_programs = pids[:3], pids[3:6]
+        self.entry = self.function.append_basic_block("entry")
+        self.b = ir.IRBuilder(self.function.append_basic_block("body"))
+
+    # ---- driver ---------------------------------------------------------------------------
+
+    def emit(self) -> ir.Function:
+        for number, param in enumerate(self.program.params):
+            self.env[param.value.id] = self._param(number, param.value.type)
+        self.block(self.program.body)
+        if not self.b.block.is_terminated:
+            self.b.ret_void()
+        ir.IRBuilder(self.entry).branch(self.function.blocks[1])
+        return self.function
+
+    def _param(self, number: int, type_: TileType) -> ir.Value:
+        slot = self.b.gep(self.args_ptr, [ir.Constant(I64, number)], source_etype=I64)
+        raw = self.b.load(slot, typ=I64)
+        elem = type_.elem
+        if type_.is_pointer or elem == "i64":
+            return raw
+        target = scalar_type(elem)
+        if isinstance(target, ir.IntType):
+            return self.b.trunc(raw, target)
+        as_double = self.b.bitcast(raw, ir.DoubleType())
+        return as_double if elem == "f64" else self.b.fptrunc(as_double, target)
+
+    def check_bounds(self, op: Op, addresses, mask, width: int, size: int) -> None:
+        """With TRITON_DEBUG=1: a lane outside every argument tensor stops the program and
+        records the op and the offending address in `status` (see bounds.py)."""
+        if self.debug:
+            from .bounds import emit_check
+            emit_check(self, op, addresses, mask, width, size)
+
+    def fail(self, op: Op, message: str):
+        return TileError(f"{op.where(self.program.name)}: {message}")
+
+    def block(self, block: Block) -> list:
+        """Emit the ops of `block`; returns the operands of its terminator (yield, ...)."""
+        for op in block.ops:
+            if op.name in ("scf.yield", "tt.reduce.return", "tt.scan.return",
+                           "scf.condition"):
+                return [self.env[v.id] for v in op.operands]
+            if op.name == "tt.return":
+                if block is not self.program.body or op is not block.ops[-1]:
+                    raise self.fail(op, "an early return is not supported")
+                self.b.ret_void()
+                return []
+            self.op(op)
+        return []
+
+    def op(self, op: Op) -> None:
+        name = op.name
+        try:
+            handler = _HANDLERS.get(name)
+            if handler is not None:
+                handler(self, op)
+            elif name in ELEMENTWISE_OPS:
+                self._elementwise(op)
+            elif name in _VIEWS:
+                self._view(op)
+            elif name in _IGNORED:
+                pass
+            else:
+                raise self.fail(op, "this op is not supported by the tilegen backend")
+        except TileError as error:
+            if op.where(self.program.name) in str(error):
+                raise
+            raise self.fail(op, str(error)) from None
+
+    # ---- frame and chunks -----------------------------------------------------------------
+
+    def alloc(self, type_: TileType) -> Tile:
+        size = type_.numel * _storage_bytes(type_.elem)
+        offset = self.frame_bytes
+        self.frame_bytes += -(-size // 64) * 64
+        return Tile(offset, type_)
+
+    def address(self, tile: Tile, index: ir.Value) -> ir.Value:
+        base = self.b.gep(self.frame_ptr, [ir.Constant(I64, tile.offset)],
+                          source_etype=ir.IntType(8))
+        return self.b.gep(base, [index], source_etype=tile.storage)
+
+    def load_chunk(self, tile: Tile, index: ir.Value, width: int) -> ir.Value:
+        pointer = self.address(tile, index)
+        raw = self.b.load(pointer, typ=of_width(tile.storage, width),
+                          align=_storage_bytes(tile.type.elem))
+        if tile.type.elem == "i1":
+            return self.b.trunc(raw, of_width(I1, width))
+        return raw
+
+    def store_chunk(self, tile: Tile, index: ir.Value, value: ir.Value) -> None:
+        if tile.type.elem == "i1":
+            value = self.b.zext(value, of_width(tile.storage, _lanes(value)))
+        self.b.store(value, self.address(tile, index), align=_storage_bytes(tile.type.elem))
+
+    def load_element(self, tile: Tile, index: ir.Value) -> ir.Value:
+        return self.load_chunk(tile, index, 0)
+
+    def loop(self, count, body) -> None:
+        """body(index) for index in [0, count) (count an int or an i64 value)."""
+        if isinstance(count, int):
+            if count <= 0:
+                return
+            if count <= UNROLL_CHUNKS:
+                for index in range(count):
+                    body(ir.Constant(I64, index))
+                return
+            count = ir.Constant(I64, count)
+        self.counted_loop(ir.Constant(I64, 0), count, ir.Constant(I64, 1), [],
+                          lambda index, carried: (body(index), carried)[1])
+
+    def counted_loop(self, start, stop, step, inits: list[ir.Value], body) -> list[ir.Value]:
+        """A loop over [start, stop) by a positive `step` carrying `inits` through
+        `body(index, carried) -> carried`; returns the final carried values."""
+        pre = self.b.block
+        header = self.function.append_basic_block("loop")
+        inside = self.function.append_basic_block("loop.body")
+        after = self.function.append_basic_block("loop.end")
+        self.b.branch(header)
+        self.b.position_at_end(header)
+        index = self.b.phi(start.type)
+        index.add_incoming(start, pre)
+        phis = []
+        for init in inits:
+            phi = self.b.phi(init.type)
+            phi.add_incoming(init, pre)
+            phis.append(phi)
+        self.b.cbranch(self.b.icmp_signed("<", index, stop), inside, after)
+        self.b.position_at_end(inside)
+        carried = body(index, list(phis))
+        following = self.b.add(index, step)
+        latch = self.b.block
+        self.b.branch(header)
+        index.add_incoming(following, latch)
+        for phi, value in zip(phis, carried, strict=True):
+            phi.add_incoming(value, latch)
+        self.b.position_at_end(after)
+        return list(phis)
+
+    def chunks(self, type_: TileType, body) -> None:
+        """body(flat_index, width) over the chunks of a tile of `type_`."""
+        width = chunk_width(type_)
+        self.loop(type_.numel // width,
+                  lambda i: body(self.b.mul(i, ir.Constant(I64, width)), width))
+
+    def splat(self, value: ir.Value, width: int) -> ir.Value:
+        if not width:
+            return value
+        vector = ir.VectorType(value.type, width)
+        one = self.b.insert_element(ir.Constant(vector, ir.Undefined), value,
+                                    ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
+                                     ir.Constant(ir.VectorType(I32, width), [0] * width))
+
+    def entry_alloca(self, ty: ir.Type) -> ir.Value:
+        builder = ir.IRBuilder(self.entry)
+        return builder.alloca(ty)
+
+    # ---- op families ----------------------------------------------------------------------
+
+    def _elementwise(self, op: Op) -> None:
+        result = op.result
+        elems = [v.type.elem for v in op.operands]
+        if not result.type.shape:
+            args = [self.env[v.id] for v in op.operands]
+            self.env[result.id] = self.ew.emit(self.b, op.name, op.attrs, args, elems,
+                                               result.type.elem)
+            return
+        out = self.alloc(result.type)
+        sources = [self.env[v.id] for v in op.operands]
+
+        def body(index, width):
+            args = [self.load_chunk(s, index, width) for s in sources]
+            self.store_chunk(out, index, self.ew.emit(self.b, op.name, op.attrs, args,
+                                                      elems, result.type.elem))
+        self.chunks(result.type, body)
+        self.env[result.id] = out
+
+    def _view(self, op: Op) -> None:
+        source = self.env[op.operands[0].id]
+        self.env[op.result.id] = Tile(source.offset, op.result.type)
+
+    def constant(self, op: Op) -> None:
+        result = op.result
+        ty = scalar_type(result.type.elem)
+        value = op.attr("value")
+        if not result.type.shape:
+            self.env[result.id] = splat_constant(ty, value, self.region_width)
+            return
+        out = self.alloc(result.type)
+        self.chunks(result.type, lambda index, width: self.store_chunk(
+            out, index, splat_constant(ty, value, width)))
+        self.env[result.id] = out
+
+    def splat_op(self, op: Op) -> None:
+        out = self.alloc(op.result.type)
+        scalar = self.env[op.operands[0].id]
+        cache = {}
+
+        def body(index, width):
+            if width not in cache:
+                cache[width] = self.splat(scalar, width)
+            self.store_chunk(out, index, cache[width])
+        self.chunks(op.result.type, body)
+        self.env[op.result.id] = out
+
+    def make_range(self, op: Op) -> None:
+        out = self.alloc(op.result.type)
+        start = op.attr("start")
+
+        def body(index, width):
+            lanes = ir.Constant(ir.VectorType(I32, width),
+                                [ir.Constant(I32, start + k) for k in range(width)])
+            base = self.splat(self.b.trunc(index, I32), width)
+            self.store_chunk(out, index, self.b.add(base, lanes))
+        self.chunks(op.result.type, body)
+        self.env[op.result.id] = out
+
+    def program_id(self, op: Op) -> None:
+        values = self.program_ids if op.name == "tt.get_program_id" else self.num_programs
+        self.env[op.result.id] = values[op.attr("axis")]
+
+    def addptr(self, op: Op) -> None:
+        result = op.result
+        size = ir.Constant(I64, _pointee_bytes(result.type.pointee))
+
+        def advance(pointer, offset, width):
+            offset = offset if offset.type == of_width(I64, width) else \
+                self.b.sext(offset, of_width(I64, width))
+            return self.b.add(pointer, self.b.mul(offset, self.splat(size, width)))
+
+        if not result.type.shape:
+            self.env[result.id] = advance(self.env[op.operands[0].id],
+                                          self.env[op.operands[1].id], 0)
+            return
+        out = self.alloc(result.type)
+        pointers, offsets = self.env[op.operands[0].id], self.env[op.operands[1].id]
+        self.chunks(result.type, lambda index, width: self.store_chunk(out, index, advance(
+            self.load_chunk(pointers, index, width), self.load_chunk(offsets, index, width),
+            width)))
+        self.env[result.id] = out
+
+    def region(self, block: Block, args: list[ir.Value]) -> list[ir.Value]:
+        """A combine region on scalars or vectors (the width of `args`)."""
+        saved = self.region_width
+        self.region_width = _lanes(args[0])
+        for arg, value in zip(block.args, args, strict=True):
+            self.env[arg.id] = value
+        try:
+            return self.block(block)
+        finally:
+            self.region_width = saved
+
+
+def _same_width(op: Op) -> bool:
+    source, target = op.operands[0].type, op.result.type
+    return bool(source.shape) and _storage_bytes(source.elem) == _storage_bytes(target.elem)
+
+
+def _lanes(value: ir.Value) -> int:
+    return value.type.count if isinstance(value.type, ir.VectorType) else 0
+
+
+def _storage_bytes(elem: str) -> int:
+    return 8 if elem.startswith("ptr<") else max(1, {"i1": 1, "i8": 1, "i16": 2, "i32": 4,
+                                                      "i64": 8, "f16": 2, "bf16": 2,
+                                                      "f32": 4, "f64": 8}[elem])
+
+
+def _pointee_bytes(elem: str) -> int:
+    return 8 if elem.startswith("ptr<") else _storage_bytes(elem)
+
+
+def values_of(emitter: ProgramEmitter, values: list[Value]) -> list:
+    return [emitter.env[v.id] for v in values]
+
+
+_HANDLERS = {
+    "arith.constant": ProgramEmitter.constant,
+    "tt.splat": ProgramEmitter.splat_op,
+    "tt.make_range": ProgramEmitter.make_range,
+    "tt.get_program_id": ProgramEmitter.program_id,
+    "tt.get_num_programs": ProgramEmitter.program_id,
+    "tt.addptr": ProgramEmitter.addptr,
+    **memory.HANDLERS,
+    **tiles.HANDLERS,
+}

@@ -1,0 +1,236 @@
+"""tt.load, tt.store and the atomics.
+
+A pointer tile whose last-axis stride is the element size (analysis.py) is read and
+written in contiguous masked vector chunks (`llvm.masked.load/store`, `other=` as the
+pass-through); any other pointer tile lane by lane with `llvm.masked.gather/scatter`.
+Atomics are LLVM `atomicrmw` / `cmpxchg` (sequentially consistent), one lane at a time
+under its mask, so they stay correct while the grid's programs run on several threads.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .elementwise import I1, I32, I64, PTR, of_width, splat_constant, storage_type, type_suffix
+
+_RMW = {"add": "add", "fadd": "fadd", "max": "max", "min": "min", "umax": "umax",
+        "umin": "umin", "exch": "xchg", "and": "and", "or": "or", "xor": "xor"}
+
+
+def _memory_type(elem: str) -> ir.Type:
+    return storage_type(elem)
+
+
+def _to_value(e, raw: ir.Value, elem: str) -> ir.Value:
+    if elem == "i1":
+        zero = splat_constant(ir.IntType(8), 0, _lanes(raw))
+        return e.b.icmp_unsigned("!=", raw, zero)
+    return raw
+
+
+def _to_memory(e, value: ir.Value, elem: str) -> ir.Value:
+    if elem == "i1":
+        return e.b.zext(value, of_width(ir.IntType(8), _lanes(value)))
+    return value
+
+
+def _lanes(value: ir.Value) -> int:
+    return value.type.count if isinstance(value.type, ir.VectorType) else 0
+
+
+def _pointers(e, addresses: ir.Value, width: int) -> ir.Value:
+    return e.b.inttoptr(addresses, of_width(PTR, width))
+
+
+def load(e, op) -> None:
+    pointer, mask, other = (list(op.operands) + [None, None])[:3]
+    result = op.result
+    elem = result.type.elem
+    memory_ty = _memory_type(elem)
+    align = max(1, memory_ty.width // 8 if isinstance(memory_ty, ir.IntType)
+                else {"half": 2, "bfloat": 2, "float": 4, "double": 8}[str(memory_ty)])
+    if not result.type.shape:
+        e.env[result.id] = _scalar_load(e, op, pointer, mask, other, memory_ty, align)
+        return
+    contiguous = e.strides.get(pointer.id) == align
+    out = e.alloc(result.type)
+    addresses = e.env[pointer.id]
+    masks = e.env[mask.id] if mask is not None else None
+    others = e.env[other.id] if other is not None else None
+
+    def body(index, width):
+        vector_ty = ir.VectorType(memory_ty, width)
+        lane_mask = e.load_chunk(masks, index, width) if masks is not None else None
+        passthru = _to_memory(e, e.load_chunk(others, index, width), elem) \
+            if others is not None else ir.Constant(vector_ty, None)
+        chunk = e.load_chunk(addresses, index, width)
+        e.check_bounds(op, chunk, lane_mask, width, align)
+        if contiguous:
+            first = e.b.inttoptr(e.b.extract_element(chunk, ir.Constant(I32, 0)), PTR)
+            if lane_mask is None:
+                raw = e.b.load(first, typ=vector_ty, align=align)
+            else:
+                function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
+                                        vector_ty, [PTR, I32, lane_mask.type, vector_ty])
+                raw = e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
+        else:
+            if lane_mask is None:
+                lane_mask = splat_constant(I1, 1, width)
+            pointers = _pointers(e, chunk, width)
+            function = e.ew.declare(
+                f"llvm.masked.gather.{type_suffix(vector_ty)}.{type_suffix(pointers.type)}",
+                vector_ty, [pointers.type, I32, lane_mask.type, vector_ty])
+            raw = e.b.call(function, [pointers, ir.Constant(I32, align), lane_mask, passthru])
+        e.store_chunk(out, index, _to_value(e, raw, elem))
+
+    e.chunks(result.type, body)
+    e.env[result.id] = out
+
+
+def _scalar_load(e, op, pointer, mask, other, memory_ty, align) -> ir.Value:
+    address = e.env[pointer.id]
+    elem = op.result.type.elem
+    if mask is None:
+        e.check_bounds(op, address, None, 0, align)
+        return _to_value(e, e.b.load(e.b.inttoptr(address, PTR), typ=memory_ty, align=align),
+                         elem)
+    fallback = e.env[other.id] if other is not None else ir.Constant(
+        op_type(elem), None)
+    slot = e.entry_alloca(fallback.type)
+    e.b.store(fallback, slot)
+    with e.b.if_then(e.env[mask.id]):
+        e.check_bounds(op, address, None, 0, align)
+        raw = e.b.load(e.b.inttoptr(address, PTR), typ=memory_ty, align=align)
+        e.b.store(_to_value(e, raw, elem), slot)
+    return e.b.load(slot)
+
+
+def op_type(elem: str) -> ir.Type:
+    from .elementwise import scalar_type
+    return scalar_type(elem)
+
+
+def store(e, op) -> None:
+    pointer, value, mask = (list(op.operands) + [None])[:3]
+    elem = value.type.elem
+    memory_ty = _memory_type(elem)
+    align = _align(memory_ty)
+    if not value.type.shape:
+        address = e.env[pointer.id]
+        data = _to_memory(e, e.env[value.id], elem)
+        if mask is None:
+            e.check_bounds(op, address, None, 0, align)
+            e.b.store(data, e.b.inttoptr(address, PTR), align=align)
+        else:
+            with e.b.if_then(e.env[mask.id]):
+                e.check_bounds(op, address, None, 0, align)
+                e.b.store(data, e.b.inttoptr(address, PTR), align=align)
+        return
+    contiguous = e.strides.get(pointer.id) == align
+    addresses, values = e.env[pointer.id], e.env[value.id]
+    masks = e.env[mask.id] if mask is not None else None
+
+    def body(index, width):
+        vector_ty = ir.VectorType(memory_ty, width)
+        lane_mask = e.load_chunk(masks, index, width) if masks is not None else None
+        chunk = e.load_chunk(addresses, index, width)
+        data = _to_memory(e, e.load_chunk(values, index, width), elem)
+        e.check_bounds(op, chunk, lane_mask, width, align)
+        if contiguous:
+            first = e.b.inttoptr(e.b.extract_element(chunk, ir.Constant(I32, 0)), PTR)
+            if lane_mask is None:
+                e.b.store(data, first, align=align)
+                return
+            function = e.ew.declare(f"llvm.masked.store.{type_suffix(vector_ty)}.p0",
+                                    ir.VoidType(), [vector_ty, PTR, I32, lane_mask.type])
+            e.b.call(function, [data, first, ir.Constant(I32, align), lane_mask])
+            return
+        if lane_mask is None:
+            lane_mask = splat_constant(I1, 1, width)
+        pointers = _pointers(e, chunk, width)
+        function = e.ew.declare(
+            f"llvm.masked.scatter.{type_suffix(vector_ty)}.{type_suffix(pointers.type)}",
+            ir.VoidType(), [vector_ty, pointers.type, I32, lane_mask.type])
+        e.b.call(function, [data, pointers, ir.Constant(I32, align), lane_mask])
+
+    e.chunks(value.type, body)
+
+
+def _align(ty: ir.Type) -> int:
+    if isinstance(ty, ir.IntType):
+        return max(1, ty.width // 8)
+    return {"half": 2, "bfloat": 2, "float": 4, "double": 8}[str(ty)]
+
+
+def atomic_rmw(e, op) -> None:
+    kind = op.attr("kind")
+    if kind not in _RMW:
+        raise e.fail(op, f"atomic kind `{kind}` is not supported")
+    pointer, value = op.operands[0], op.operands[1]
+    mask = op.operands[2] if len(op.operands) > 2 else None
+    elem = value.type.elem
+    rmw = _RMW[kind]
+    if elem.startswith("f") and rmw in ("max", "min"):
+        rmw = "f" + rmw
+
+    def one(address, data, active):
+        def run():
+            e.check_bounds(op, address, None, 0, _align(_memory_type(elem)))
+            return e.b.atomic_rmw(rmw, e.b.inttoptr(address, PTR), data, "seq_cst")
+        return _guarded(e, active, run, data.type)
+
+    _per_lane(e, op, [pointer, value], mask, one)
+
+
+def atomic_cas(e, op) -> None:
+    pointer, compare, value = op.operands
+
+    def one(address, expected, data, active):
+        def run():
+            e.check_bounds(op, address, None, 0, _align(_memory_type(value.type.elem)))
+            pair = e.b.cmpxchg(e.b.inttoptr(address, PTR), expected, data, "seq_cst",
+                               "seq_cst")
+            return e.b.extract_value(pair, 0)
+        return _guarded(e, active, run, data.type)
+
+    _per_lane(e, op, [pointer, compare, value], None, one)
+
+
+def _guarded(e, active, run, ty):
+    if active is None:
+        return run()
+    slot = e.entry_alloca(ty)
+    e.b.store(ir.Constant(ty, None), slot)
+    with e.b.if_then(active):
+        e.b.store(run(), slot)
+    return e.b.load(slot)
+
+
+def _per_lane(e, op, operands, mask, one) -> None:
+    """`one(scalars..., active)` for each element (the atomics' lane-by-lane form)."""
+    result = op.result if op.results else None
+    if not operands[0].type.shape:
+        active = e.env[mask.id] if mask is not None else None
+        value = one(*[e.env[v.id] for v in operands], active)
+        if result is not None:
+            e.env[result.id] = value
+        return
+    tiles = [e.env[v.id] for v in operands]
+    masks = e.env[mask.id] if mask is not None else None
+    out = e.alloc(result.type) if result is not None else None
+
+    def body(index):
+        scalars = [e.load_element(t, index) for t in tiles]
+        active = e.load_element(masks, index) if masks is not None else None
+        value = one(*scalars, active)
+        if out is not None:
+            e.store_chunk(out, index, value)
+
+    e.loop(operands[0].type.numel, body)
+    if result is not None:
+        e.env[result.id] = out
+
+
+HANDLERS = {"tt.load": load, "tt.store": store, "tt.atomic_rmw": atomic_rmw,
+            "tt.atomic_cas": atomic_cas}
+_ = I64

@@ -1,0 +1,349 @@
+"""Tile ops that move elements between positions (broadcast, trans), fold them (reduce,
+scan, dot), and structured control flow (scf.for / if / while)."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .elementwise import I32, I64, of_width, scalar_type
+from .tileir import TileType
+
+
+def _const(value: int) -> ir.Constant:
+    return ir.Constant(I64, value)
+
+
+def _row_index(e, flat_row: ir.Value, out_rows: tuple[int, ...], in_rows: tuple[int, ...]):
+    """The row of the input that output row `flat_row` reads (dims of size 1 broadcast)."""
+    index = _const(0)
+    remaining = flat_row
+    stride_in = 1
+    for out_dim, in_dim in zip(reversed(out_rows), reversed(in_rows), strict=True):
+        coordinate = e.b.urem(remaining, _const(out_dim)) if out_dim > 1 else _const(0)
+        remaining = e.b.udiv(remaining, _const(out_dim)) if out_dim > 1 else remaining
+        if in_dim > 1:
+            index = e.b.add(index, e.b.mul(coordinate, _const(stride_in)))
+        stride_in *= in_dim
+    return index
+
+
+def broadcast(e, op) -> None:
+    source = e.env[op.operands[0].id]
+    in_shape, out_shape = op.operands[0].type.shape, op.result.type.shape
+    out = e.alloc(op.result.type)
+    last = out_shape[-1]
+    width = min(16, last)
+
+    def row(r):
+        in_row = _row_index(e, r, out_shape[:-1], in_shape[:-1])
+        out_base = e.b.mul(r, _const(last))
+        if in_shape[-1] == last:
+            in_base = e.b.mul(in_row, _const(last))
+
+            def chunk(c):
+                offset = e.b.mul(c, _const(width))
+                value = e.load_chunk(source, e.b.add(in_base, offset), width)
+                e.store_chunk(out, e.b.add(out_base, offset), value)
+        else:
+            value = e.splat(e.load_element(source, in_row), width)
+
+            def chunk(c):
+                e.store_chunk(out, e.b.add(out_base, e.b.mul(c, _const(width))), value)
+        e.loop(last // width, chunk)
+
+    e.loop(op.result.type.numel // last, row)
+    e.env[op.result.id] = out
+
+
+def trans(e, op) -> None:
+    source = e.env[op.operands[0].id]
+    order = op.attr("order")
+    in_shape, out_shape = op.operands[0].type.shape, op.result.type.shape
+    in_strides = _strides(in_shape)
+    out = e.alloc(op.result.type)
+
+    def element(flat):
+        remaining, index = flat, _const(0)
+        for axis in reversed(range(len(out_shape))):
+            coordinate = e.b.urem(remaining, _const(out_shape[axis]))
+            remaining = e.b.udiv(remaining, _const(out_shape[axis]))
+            index = e.b.add(index, e.b.mul(coordinate, _const(in_strides[order[axis]])))
+        e.store_chunk(out, flat, e.load_element(source, index))
+
+    e.loop(op.result.type.numel, element)
+    e.env[op.result.id] = out
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return strides[::-1]
+
+
+def _split(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    outer = 1
+    for dim in shape[:axis]:
+        outer *= dim
+    inner = 1
+    for dim in shape[axis + 1:]:
+        inner *= dim
+    return outer, shape[axis], inner
+
+
+def reduce(e, op) -> None:
+    axis = op.attr("axis")
+    shape = op.operands[0].type.shape
+    sources = [e.env[v.id] for v in op.operands]
+    outer, extent, inner = _split(shape, axis)
+    region = op.regions[0]
+    scalar_result = not op.results[0].type.shape
+    outs = [None if scalar_result else e.alloc(r.type) for r in op.results]
+    finals: list = []
+
+    def combine(accs, values):
+        return e.region(region, accs + values)
+
+    if inner > 1:
+        width = min(16, inner)
+
+        def group(o, c):
+            base = e.b.add(e.b.mul(o, _const(extent * inner)), e.b.mul(c, _const(width)))
+            firsts = [e.load_chunk(s, base, width) for s in sources]
+
+            def step(j, accs):
+                at = e.b.add(base, e.b.mul(j, _const(inner)))
+                return combine(accs, [e.load_chunk(s, at, width) for s in sources])
+            accs = e.counted_loop(_const(1), _const(extent), _const(1), firsts, step)
+            out_at = e.b.add(e.b.mul(o, _const(inner)), e.b.mul(c, _const(width)))
+            for out, acc in zip(outs, accs, strict=True):
+                e.store_chunk(out, out_at, acc)
+
+        e.loop(outer, lambda o: e.loop(inner // width, lambda c: group(o, c)))
+    else:
+        width = min(16, extent)
+
+        def row(o):
+            base = e.b.mul(o, _const(extent))
+            firsts = [e.load_chunk(s, base, width) for s in sources]
+
+            def step(j, accs):
+                at = e.b.add(base, e.b.mul(j, _const(width)))
+                return combine(accs, [e.load_chunk(s, at, width) for s in sources])
+            accs = e.counted_loop(_const(1), _const(extent // width), _const(1), firsts, step)
+            lanes = [[e.b.extract_element(a, ir.Constant(I32, k)) for a in accs]
+                     for k in range(width)]
+            total = lanes[0]
+            for lane in lanes[1:]:
+                total = combine(total, lane)
+            if scalar_result:
+                finals.extend(total)
+                return
+            for out, value in zip(outs, total, strict=True):
+                e.store_chunk(out, o, value)
+
+        if scalar_result:
+            row(_const(0))
+        else:
+            e.loop(outer, row)
+    for number, result in enumerate(op.results):
+        e.env[result.id] = finals[number] if scalar_result else outs[number]
+
+
+def scan(e, op) -> None:
+    axis, reverse = op.attr("axis"), op.attr("reverse")
+    shape = op.operands[0].type.shape
+    sources = [e.env[v.id] for v in op.operands]
+    outs = [e.alloc(r.type) for r in op.results]
+    outer, extent, inner = _split(shape, axis)
+    width = min(16, inner) if inner > 1 else 0
+    region = op.regions[0]
+
+    def position(j):
+        return e.b.sub(_const(extent - 1), j) if reverse else j
+
+    def lane_group(o, c):
+        base = e.b.add(e.b.mul(o, _const(extent * inner)), e.b.mul(c, _const(max(width, 1))))
+        first = e.b.add(base, e.b.mul(position(_const(0)), _const(inner)))
+        accs = [e.load_chunk(s, first, width) for s in sources]
+        for out, acc in zip(outs, accs, strict=True):
+            e.store_chunk(out, first, acc)
+
+        def step(j, carried):
+            at = e.b.add(base, e.b.mul(position(j), _const(inner)))
+            carried = e.region(region, carried + [e.load_chunk(s, at, width) for s in sources])
+            for out, acc in zip(outs, carried, strict=True):
+                e.store_chunk(out, at, acc)
+            return carried
+        e.counted_loop(_const(1), _const(extent), _const(1), accs, step)
+
+    groups = inner // width if width else 1
+    e.loop(outer, lambda o: e.loop(groups, lambda c: lane_group(o, c)))
+    for result, out in zip(op.results, outs, strict=True):
+        e.env[result.id] = out
+
+
+def dot(e, op) -> None:
+    """d = c + a @ b in f32 (or i32 for integer inputs): per row of d, a group of up to 8
+    accumulator chunks stays in registers while k runs."""
+    a_value, b_value, c_value = op.operands[:3]
+    m, k_extent = a_value.type.shape[-2:]
+    n = b_value.type.shape[-1]
+    if len(a_value.type.shape) != 2:
+        raise e.fail(op, "batched (3-D) tl.dot is not supported")
+    a, b, c = e.env[a_value.id], e.env[b_value.id], e.env[c_value.id]
+    out_type = op.result.type
+    out = e.alloc(out_type)
+    acc_ty = scalar_type(out_type.elem)
+    is_float = not isinstance(acc_ty, ir.IntType)
+    width = min(16, n)
+    chunks = n // width
+    group = min(8, chunks)
+
+    def widen(value, elem, lanes):
+        target = of_width(acc_ty, lanes)
+        if value.type == target:
+            return value
+        if is_float:
+            return e.b.fpext(value, target)
+        return e.b.sext(value, target)
+
+    def row(i):
+        def chunk_group(g):
+            first_chunk = e.b.mul(g, _const(group))
+            offsets = [e.b.mul(e.b.add(first_chunk, _const(q)), _const(width))
+                       for q in range(group)]
+            row_base = e.b.mul(i, _const(n))
+            accs = [widen(e.load_chunk(c, e.b.add(row_base, off), width), c_value.type.elem,
+                          width) for off in offsets]
+
+            def step(kk, carried):
+                scalar = e.load_element(a, e.b.add(e.b.mul(i, _const(k_extent)), kk))
+                broadcast_a = e.splat(widen(scalar, a_value.type.elem, 0), width)
+                b_base = e.b.mul(kk, _const(n))
+                updated = []
+                for acc, off in zip(carried, offsets, strict=True):
+                    b_chunk = widen(e.load_chunk(b, e.b.add(b_base, off), width),
+                                    b_value.type.elem, width)
+                    if is_float:
+                        updated.append(e.ew.intrinsic(e.b, "llvm.fma",
+                                                      [broadcast_a, b_chunk, acc]))
+                    else:
+                        updated.append(e.b.add(acc, e.b.mul(broadcast_a, b_chunk)))
+                return updated
+            accs = e.counted_loop(_const(0), _const(k_extent), _const(1), accs, step)
+            for acc, off in zip(accs, offsets, strict=True):
+                e.store_chunk(out, e.b.add(row_base, off), acc)
+        e.loop(chunks // group, chunk_group)
+
+    e.loop(m, row)
+    e.env[op.result.id] = out
+
+
+# ---- control flow ---------------------------------------------------------------------------
+
+class _Carried:
+    """Loop-carried or branch-result values: tiles in frame slots, scalars in allocas."""
+
+    def __init__(self, e, types: list[TileType]):
+        self.e = e
+        self.types = types
+        self.slots = [e.alloc(t) if t.shape else e.entry_alloca(scalar_type(t.elem))
+                      for t in types]
+
+    def assign(self, values: list) -> None:
+        e = self.e
+        pending = []
+        tile_offsets = {slot.offset for slot in self.slots if hasattr(slot, "offset")}
+        for slot, value, type_ in zip(self.slots, values, self.types, strict=True):
+            if not type_.shape:
+                pending.append((slot, value))
+                continue
+            if value.offset == slot.offset:
+                continue
+            if value.offset in tile_offsets:  # another slot's old value: copy it first
+                temporary = e.alloc(type_)
+                _copy(e, value, temporary)
+                value = temporary
+            pending.append((slot, value))
+        for slot, value in pending:
+            if hasattr(slot, "offset"):
+                _copy(e, value, slot)
+            else:
+                e.b.store(value, slot)
+
+    def read(self) -> list:
+        return [slot if hasattr(slot, "offset") else self.e.b.load(slot)
+                for slot in self.slots]
+
+
+def _copy(e, source, target) -> None:
+    e.chunks(target.type, lambda index, width: e.store_chunk(
+        target, index, e.load_chunk(source, index, width)))
+
+
+def scf_for(e, op) -> None:
+    lower, upper, step = (e.env[v.id] for v in op.operands[:3])
+    body = op.regions[0]
+    carried = _Carried(e, [v.type for v in op.operands[3:]])
+    carried.assign([e.env[v.id] for v in op.operands[3:]])
+    index_ty = lower.type
+
+    def trip(index, _):
+        e.env[body.args[0].id] = index
+        for arg, value in zip(body.args[1:], carried.read(), strict=True):
+            e.env[arg.id] = value
+        carried.assign(e.block(body))
+        return []
+    e.counted_loop(lower, upper, step if step.type == index_ty else step, [], trip)
+    for result, value in zip(op.results, carried.read(), strict=True):
+        e.env[result.id] = value
+
+
+def scf_if(e, op) -> None:
+    condition = e.env[op.operands[0].id]
+    results = _Carried(e, [r.type for r in op.results])
+    then_block, else_block = op.regions[0], op.regions[1] if len(op.regions) > 1 else None
+    has_else = else_block is not None and else_block.ops
+    if has_else:
+        with e.b.if_else(condition) as (then, otherwise):
+            with then:
+                results.assign(e.block(then_block))
+            with otherwise:
+                results.assign(e.block(else_block))
+    else:
+        with e.b.if_then(condition):
+            results.assign(e.block(then_block))
+    for result, value in zip(op.results, results.read(), strict=True):
+        e.env[result.id] = value
+
+
+def scf_while(e, op) -> None:
+    before, after = op.regions
+    state = _Carried(e, [v.type for v in op.operands])
+    state.assign([e.env[v.id] for v in op.operands])
+    forwarded = _Carried(e, [r.type for r in op.results])
+    header = e.function.append_basic_block("while")
+    body = e.function.append_basic_block("while.body")
+    done = e.function.append_basic_block("while.end")
+    e.b.branch(header)
+    e.b.position_at_end(header)
+    for arg, value in zip(before.args, state.read(), strict=True):
+        e.env[arg.id] = value
+    condition, *values = e.block(before)
+    forwarded.assign(values)
+    e.b.cbranch(condition, body, done)
+    e.b.position_at_end(body)
+    for arg, value in zip(after.args, forwarded.read(), strict=True):
+        e.env[arg.id] = value
+    state.assign(e.block(after))
+    e.b.branch(header)
+    e.b.position_at_end(done)
+    for result, value in zip(op.results, forwarded.read(), strict=True):
+        e.env[result.id] = value
+
+
+HANDLERS = {"tt.broadcast": broadcast, "tt.trans": trans, "tt.reduce": reduce,
+            "tt.scan": scan, "tt.dot": dot, "scf.for": scf_for, "scf.if": scf_if,
+            "scf.while": scf_while}
