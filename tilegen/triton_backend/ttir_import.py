@@ -14,7 +14,7 @@ import struct
 
 from .tileir import Block, Loc, Op, Param, Program, TileError, TileType, Value
 
-_OP_LINE = re.compile(r'^\s*(?:\}\s*)?(?:%[\w#:]+(?:\s*,\s*%[\w#:]+)*\s*=\s*)?"?'
+_OP_LINE = re.compile(r'^\s*(?:\}\s*)?(?:%[\w#:.$-]+(?:\s*,\s*%[\w#:.$-]+)*\s*=\s*)?"?'
                       r'([a-z_][a-z0-9_]*\.[a-z0-9_.]+)"?')
 _LOCATION = re.compile(r'"([^"]+)":(\d+):(\d+)')
 _CMPI = ("eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge")
@@ -53,13 +53,10 @@ def import_module(module, kernel_name: str, param_names: list[str]) -> Program:
         names = sorted(tree.name(op) for op in tree.children_of_root())
         raise TileError(f"kernel `{kernel_name}`: expected one function after inlining, "
                         f"found {names} (noinline functions are not supported)")
-    text_lines = _op_lines(module.str_nodebug())
-    order = list(tree.preorder(funcs[0]))
-    if len(order) != len(text_lines) or any(
-            tree.name(op) != name for op, (name, _) in zip(order, text_lines, strict=False)):
+    lines = _pair_lines(tree, list(tree.preorder(funcs[0])), _op_lines(module.str_nodebug()))
+    if lines is None:
         raise TileError(f"kernel `{kernel_name}`: the printed TTIR does not match the walked "
                         "module (an op printed in an unexpected form)")
-    lines = {id(op): line for op, (_, line) in zip(order, text_lines, strict=True)}
     builder = _Builder(tree, lines, kernel_name)
     func = funcs[0]
     body_block = tree.blocks_of(func, 0)[0]
@@ -71,6 +68,23 @@ def import_module(module, kernel_name: str, param_names: list[str]) -> Program:
                    for name, value, div in zip(param_names, args, divisibility, strict=True))
     body = Block(args, builder.ops(body_block))
     return Program(kernel_name, params, body)
+
+
+def _pair_lines(tree, order: list, text_lines: list[tuple[str, str]]) -> dict | None:
+    """Each walked op's printed line; an operand-less `scf.yield` is not printed (MLIR
+    elides implicit terminators)."""
+    lines: dict[int, str] = {}
+    position = 0
+    for op in order:
+        name = tree.name(op)
+        if position < len(text_lines) and text_lines[position][0] == name:
+            lines[id(op)] = text_lines[position][1]
+            position += 1
+        elif name == "scf.yield" and op.get_num_operands() == 0:
+            lines[id(op)] = "scf.yield"
+        else:
+            return None
+    return lines if position == len(text_lines) else None
 
 
 class _ModuleTree:
