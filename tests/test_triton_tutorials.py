@@ -14,7 +14,6 @@ tilegen.triton_backend.register()
 
 import triton.language as tl  # noqa: E402
 
-
 # ---- 01 vector add --------------------------------------------------------------------------
 
 @triton.jit

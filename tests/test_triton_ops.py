@@ -1,0 +1,124 @@
+"""Generated and per-op Triton kernels on the tilegen backend: masks on every edge of odd
+sizes, 2- and 3-D grids, reductions, scans and atomics under the parallel grid."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import tilegen.triton_backend  # noqa: E402
+
+tilegen.triton_backend.register()
+
+import triton.language as tl  # noqa: E402
+
+from tilegen.triton_backend.tileir import TileError  # noqa: E402
+
+
+@triton.jit
+def tile_2d(x_ptr, y_ptr, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :], mask=mask, other=0.0)
+    y = tl.exp(x) * 2.0 - tl.sqrt(tl.abs(x)) + tl.maximum(x, 0.5)
+    tl.store(y_ptr + rows[:, None] * stride_m + cols[None, :], y, mask=mask)
+
+
+@pytest.mark.parametrize("M,N", [(37, 53), (1, 1), (64, 17)])
+def test_2d_grid_masks_on_every_edge(M, N):
+    torch.manual_seed(0)
+    x = torch.randn(M, N)
+    y = torch.full_like(x, 7.0)
+    grid = (triton.cdiv(M, 16), triton.cdiv(N, 32))
+    tile_2d[grid](x, y, M, N, x.stride(0), BLOCK_M=16, BLOCK_N=32)
+    expected = torch.exp(x) * 2 - torch.sqrt(x.abs()) + torch.maximum(x, torch.tensor(0.5))
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def grid_3d(out_ptr):
+    x, y, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    nx, ny = tl.num_programs(0), tl.num_programs(1)
+    tl.store(out_ptr + (z * ny + y) * nx + x, x * 100 + y * 10 + z)
+
+
+def test_3d_grid_and_num_programs():
+    out = torch.zeros(3 * 5 * 2, dtype=torch.int32)
+    grid_3d[(3, 5, 2)](out)
+    z, y, x = torch.meshgrid(torch.arange(2), torch.arange(5), torch.arange(3), indexing="ij")
+    assert torch.equal(out, (x * 100 + y * 10 + z).flatten().int())
+
+
+@triton.jit
+def reductions(x_ptr, sum_ptr, max_ptr, arg_ptr, cum_ptr, N: tl.constexpr):
+    rows = tl.arange(0, 8)
+    cols = tl.arange(0, N)
+    x = tl.load(x_ptr + rows[:, None] * N + cols[None, :])
+    tl.store(sum_ptr + cols, tl.sum(x, axis=0))
+    tl.store(max_ptr + rows, tl.max(x, axis=1))
+    tl.store(arg_ptr + rows, tl.argmax(x, axis=1))
+    tl.store(cum_ptr + rows[:, None] * N + cols[None, :], tl.cumsum(x, axis=1))
+
+
+def test_reductions_and_scan():
+    torch.manual_seed(3)
+    x = torch.randn(8, 32)
+    sums, maxima = torch.empty(32), torch.empty(8)
+    args, cums = torch.empty(8, dtype=torch.int32), torch.empty(8, 32)
+    reductions[(1,)](x, sums, maxima, args, cums, N=32)
+    torch.testing.assert_close(sums, x.sum(0), rtol=1e-5, atol=1e-5)
+    assert torch.equal(maxima, x.max(1).values)
+    assert torch.equal(args.long(), x.argmax(1))
+    torch.testing.assert_close(cums, x.cumsum(1), rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def histogram_by_atomics(x_ptr, counts_ptr, max_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask, other=0)
+    tl.atomic_add(counts_ptr + x, 1, mask=mask)
+    tl.atomic_max(max_ptr, tl.max(tl.where(mask, x, -1), axis=0))
+
+
+def test_atomics_under_parallel_grid():
+    torch.manual_seed(4)
+    n = 100_003
+    x = torch.randint(0, 10, (n,), dtype=torch.int32)
+    counts = torch.zeros(10, dtype=torch.int32)
+    top = torch.full((1,), -5, dtype=torch.int32)
+    histogram_by_atomics[(triton.cdiv(n, 64),)](x, counts, top, n, BLOCK=64)
+    assert torch.equal(counts, torch.bincount(x, minlength=10).int())
+    assert top.item() == x.max().item()
+
+
+@triton.jit
+def locked_accumulate(lock_ptr, total_ptr):
+    while tl.atomic_cas(lock_ptr, 0, 1) == 1:
+        pass
+    value = tl.load(total_ptr)  # a plain read-modify-write, safe only under the lock
+    tl.store(total_ptr, value + 1)
+    tl.atomic_xchg(lock_ptr, 0)
+
+
+def test_atomic_cas_spin_lock():
+    lock = torch.zeros(1, dtype=torch.int32)
+    total = torch.zeros(1, dtype=torch.int32)
+    locked_accumulate[(5000,)](lock, total)
+    assert total.item() == 5000 and lock.item() == 0
+
+
+@triton.jit
+def uses_histogram(x_ptr, out_ptr):
+    x = tl.load(x_ptr + tl.arange(0, 16))
+    tl.store(out_ptr + tl.arange(0, 16), tl.histogram(x, 16))
+
+
+def test_unsupported_op_names_op_and_line():
+    x = torch.zeros(16, dtype=torch.int32)
+    with pytest.raises(TileError, match=r"tt.histogram.*uses_histogram.*test_triton_ops.py:\d+"):
+        uses_histogram[(1,)](x, x)
