@@ -42,7 +42,9 @@ from .tileir import Block, Op, Program, TileError, TileType, Value
 CHUNK = 16  # lanes of a vector chunk (one AVX-512 register of f32)
 UNROLL_CHUNKS = 4
 _VIEWS = ("tt.expand_dims", "tt.reshape")
-_IGNORED = ("llvm.intr.assume", "tt.assume", "gpu.barrier", "tt.debug_barrier")
+# debug_barrier (ttg.barrier) orders the threads of one GPU program; a CPU program is one
+# thread, so it has nothing to wait for.
+_IGNORED = ("llvm.intr.assume", "tt.assume", "gpu.barrier", "ttg.barrier")
 
 
 @dataclass(frozen=True)
