@@ -37,7 +37,7 @@ from .elementwise import (
     splat_constant,
     storage_type,
 )
-from .tileir import Block, Op, Program, TileError, TileType, Value
+from .tileir import Block, Op, Program, TileError, TileType, Value, walk
 
 CHUNK = 16  # lanes of a vector chunk (one AVX-512 register of f32)
 UNROLL_CHUNKS = 4
@@ -59,6 +59,27 @@ class Tile:
         return storage_type(self.type.elem)
 
 
+@dataclass(frozen=True, eq=False)
+class Lazy:
+    """A tile computed where it is read, chunk by chunk, instead of stored: splats,
+    ranges, constants, views and elementwise chains with one reader (so elementwise ops
+    fuse, and pointer and mask tiles of contiguous accesses are never built)."""
+
+    type: TileType
+    kind: str  # const | splat | range | map | addptr | view | broadcast
+    operands: tuple = ()
+    op: Op | None = None
+    payload: object = None
+    cost: int = 0
+
+
+# Lazy values above this cost are stored once rather than recomputed by each reader.
+LAZY_COST_LIMIT = 24
+_EXPENSIVE = ("math.exp", "math.log", "math.exp2", "math.log2", "math.sqrt", "math.rsqrt",
+              "arith.divf", "tt.extern_elementwise", "math.erf", "arith.divsi", "arith.remsi",
+              "arith.divui", "arith.remui", "tt.precise_divf", "tt.precise_sqrt")
+
+
 def chunk_width(type_: TileType) -> int:
     return min(CHUNK, type_.shape[-1]) if type_.shape else 1
 
@@ -74,6 +95,7 @@ class ProgramEmitter:
         self.env: dict[int, object] = {}
         self.region_width = 0  # >0 while a combine region runs on vectors
         self.check_sites: list[str] = []
+        self.uses = _use_counts(program.body)
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
@@ -107,12 +129,13 @@ class ProgramEmitter:
         as_double = self.b.bitcast(raw, ir.DoubleType())
         return as_double if elem == "f64" else self.b.fptrunc(as_double, target)
 
-    def check_bounds(self, op: Op, addresses, mask, width: int, size: int) -> None:
+    def check_bounds(self, op: Op, addresses, mask, width: int, size: int,
+                     contiguous: bool = False) -> None:
         """With TRITON_DEBUG=1: a lane outside every argument tensor stops the program and
         records the op and the offending address in `status` (see bounds.py)."""
         if self.debug:
             from .bounds import emit_check
-            emit_check(self, op, addresses, mask, width, size)
+            emit_check(self, op, addresses, mask, width, size, contiguous)
 
     def fail(self, op: Op, message: str):
         return TileError(f"{op.where(self.program.name)}: {message}")
@@ -163,7 +186,13 @@ class ProgramEmitter:
                           source_etype=ir.IntType(8))
         return self.b.gep(base, [index], source_etype=tile.storage)
 
-    def load_chunk(self, tile: Tile, index: ir.Value, width: int) -> ir.Value:
+    def load_chunk(self, value, index: ir.Value, width: int) -> ir.Value:
+        """Lanes [index, index + width) of a tile (width 0: one element, as a scalar)."""
+        if isinstance(value, Lazy):
+            return self._evaluate(value, index, width)
+        return self._load_tile(value, index, width)
+
+    def _load_tile(self, tile: Tile, index: ir.Value, width: int) -> ir.Value:
         pointer = self.address(tile, index)
         raw = self.b.load(pointer, typ=of_width(tile.storage, width),
                           align=_storage_bytes(tile.type.elem))
@@ -176,8 +205,80 @@ class ProgramEmitter:
             value = self.b.zext(value, of_width(tile.storage, _lanes(value)))
         self.b.store(value, self.address(tile, index), align=_storage_bytes(tile.type.elem))
 
-    def load_element(self, tile: Tile, index: ir.Value) -> ir.Value:
-        return self.load_chunk(tile, index, 0)
+    def load_element(self, value, index: ir.Value) -> ir.Value:
+        return self.load_chunk(value, index, 0)
+
+    def materialize(self, value) -> Tile:
+        if isinstance(value, Tile):
+            return value
+        out = self.alloc(value.type)
+        self.chunks(value.type, lambda index, width: self.store_chunk(
+            out, index, self._evaluate(value, index, width)))
+        return out
+
+    def _keep(self, result: Value, lazy: Lazy):
+        """Bind `result` to `lazy`, or to its stored tile when recomputing it per reader
+        would cost more than storing it."""
+        readers = self.uses.get(result.id, 0)
+        if lazy.cost > LAZY_COST_LIMIT or (readers > 1 and lazy.cost > 1):
+            self.env[result.id] = self.materialize(lazy)
+        else:
+            self.env[result.id] = lazy
+
+    def _evaluate(self, lazy: Lazy, index: ir.Value, width: int) -> ir.Value:
+        kind = lazy.kind
+        elem = lazy.type.elem
+        if kind == "const":
+            return splat_constant(scalar_type(elem), lazy.payload, width)
+        if kind == "splat":
+            return self.splat(lazy.payload, width)
+        if kind == "range":
+            base = self.b.add(self.b.trunc(index, I32), ir.Constant(I32, lazy.payload))
+            if not width:
+                return base
+            lanes = ir.Constant(ir.VectorType(I32, width),
+                                [ir.Constant(I32, k) for k in range(width)])
+            return self.b.add(self.splat(base, width), lanes)
+        if kind in ("map", "addptr"):
+            args = [self.load_chunk(v, index, width) for v in lazy.operands]
+            if kind == "addptr":
+                return self._advance(args[0], args[1], lazy.payload, width)
+            op = lazy.op
+            return self.ew.emit(self.b, op.name, op.attrs, args,
+                                [v.type.elem for v in op.operands], elem)
+        if kind == "view":
+            (source,) = lazy.operands
+            return self._read_across_rows(source, index, width)
+        if kind == "broadcast":
+            (source,) = lazy.operands
+            in_shape, out_shape = source.type.shape, lazy.type.shape
+            last = out_shape[-1]
+            last_ir = ir.Constant(I64, last)
+            row = self.b.udiv(index, last_ir)
+            in_row = tiles.row_index(self, row, out_shape[:-1], in_shape[:-1])
+            if in_shape[-1] == last:
+                column = self.b.urem(index, last_ir)
+                at = self.b.add(self.b.mul(in_row, last_ir), column)
+                return self.load_chunk(source, at, width)
+            return self.splat(self.load_chunk(source, in_row, 0), width)
+        raise AssertionError(kind)
+
+    def _read_across_rows(self, source, index: ir.Value, width: int) -> ir.Value:
+        """A view's chunk may span several rows of its source: read them row by row."""
+        source_last = source.type.shape[-1] if source.type.shape else 1
+        if isinstance(source, Tile) or width <= source_last:
+            return self.load_chunk(source, index, width)
+        pieces = [self.load_chunk(source, self.b.add(index, ir.Constant(I64, k)), source_last)
+                  for k in range(0, width, source_last)]
+        while len(pieces) > 1:
+            pieces = [self._concat(pieces[i], pieces[i + 1]) for i in range(0, len(pieces), 2)]
+        return pieces[0]
+
+    def _concat(self, low: ir.Value, high: ir.Value) -> ir.Value:
+        count = low.type.count
+        mask = ir.Constant(ir.VectorType(I32, 2 * count),
+                           [ir.Constant(I32, k) for k in range(2 * count)])
+        return self.b.shuffle_vector(low, high, mask)
 
     def loop(self, count, body) -> None:
         """body(index) for index in [0, count) (count an int or an i64 value)."""
@@ -249,19 +350,24 @@ class ProgramEmitter:
             self.env[result.id] = self.ew.emit(self.b, op.name, op.attrs, args, elems,
                                                result.type.elem)
             return
-        out = self.alloc(result.type)
-        sources = [self.env[v.id] for v in op.operands]
-
-        def body(index, width):
-            args = [self.load_chunk(s, index, width) for s in sources]
-            self.store_chunk(out, index, self.ew.emit(self.b, op.name, op.attrs, args,
-                                                      elems, result.type.elem))
-        self.chunks(result.type, body)
-        self.env[result.id] = out
+        sources = tuple(self.env[v.id] for v in op.operands)
+        own = 8 if op.name in _EXPENSIVE else 1
+        self._keep(result, Lazy(result.type, "map", sources, op,
+                                cost=own + sum(_cost(s) for s in sources)))
 
     def _view(self, op: Op) -> None:
         source = self.env[op.operands[0].id]
-        self.env[op.result.id] = Tile(source.offset, op.result.type)
+        if isinstance(source, Tile):
+            self.env[op.result.id] = Tile(source.offset, op.result.type)
+        else:
+            self.env[op.result.id] = Lazy(op.result.type, "view", (source,), cost=_cost(source))
+
+    def broadcast(self, op: Op) -> None:
+        source = self.env[op.operands[0].id]
+        if _cost(source) > 4:  # each source element is read by many lanes
+            source = self.materialize(source)
+        self.env[op.result.id] = Lazy(op.result.type, "broadcast", (source,),
+                                      cost=_cost(source))
 
     def constant(self, op: Op) -> None:
         result = op.result
@@ -270,34 +376,15 @@ class ProgramEmitter:
         if not result.type.shape:
             self.env[result.id] = splat_constant(ty, value, self.region_width)
             return
-        out = self.alloc(result.type)
-        self.chunks(result.type, lambda index, width: self.store_chunk(
-            out, index, splat_constant(ty, value, width)))
-        self.env[result.id] = out
+        del ty
+        self.env[result.id] = Lazy(result.type, "const", payload=value)
 
     def splat_op(self, op: Op) -> None:
-        out = self.alloc(op.result.type)
-        scalar = self.env[op.operands[0].id]
-        cache = {}
-
-        def body(index, width):
-            if width not in cache:
-                cache[width] = self.splat(scalar, width)
-            self.store_chunk(out, index, cache[width])
-        self.chunks(op.result.type, body)
-        self.env[op.result.id] = out
+        self.env[op.result.id] = Lazy(op.result.type, "splat",
+                                      payload=self.env[op.operands[0].id])
 
     def make_range(self, op: Op) -> None:
-        out = self.alloc(op.result.type)
-        start = op.attr("start")
-
-        def body(index, width):
-            lanes = ir.Constant(ir.VectorType(I32, width),
-                                [ir.Constant(I32, start + k) for k in range(width)])
-            base = self.splat(self.b.trunc(index, I32), width)
-            self.store_chunk(out, index, self.b.add(base, lanes))
-        self.chunks(op.result.type, body)
-        self.env[op.result.id] = out
+        self.env[op.result.id] = Lazy(op.result.type, "range", payload=op.attr("start"))
 
     def program_id(self, op: Op) -> None:
         values = self.program_ids if op.name == "tt.get_program_id" else self.num_programs
@@ -305,23 +392,20 @@ class ProgramEmitter:
 
     def addptr(self, op: Op) -> None:
         result = op.result
-        size = ir.Constant(I64, _pointee_bytes(result.type.pointee))
-
-        def advance(pointer, offset, width):
-            offset = offset if offset.type == of_width(I64, width) else \
-                self.b.sext(offset, of_width(I64, width))
-            return self.b.add(pointer, self.b.mul(offset, self.splat(size, width)))
-
+        size = _pointee_bytes(result.type.pointee)
         if not result.type.shape:
-            self.env[result.id] = advance(self.env[op.operands[0].id],
-                                          self.env[op.operands[1].id], 0)
+            self.env[result.id] = self._advance(self.env[op.operands[0].id],
+                                                self.env[op.operands[1].id], size, 0)
             return
-        out = self.alloc(result.type)
-        pointers, offsets = self.env[op.operands[0].id], self.env[op.operands[1].id]
-        self.chunks(result.type, lambda index, width: self.store_chunk(out, index, advance(
-            self.load_chunk(pointers, index, width), self.load_chunk(offsets, index, width),
-            width)))
-        self.env[result.id] = out
+        sources = (self.env[op.operands[0].id], self.env[op.operands[1].id])
+        self._keep(result, Lazy(result.type, "addptr", sources, op, payload=size,
+                                cost=1 + sum(_cost(s) for s in sources)))
+
+    def _advance(self, pointer, offset, size: int, width: int) -> ir.Value:
+        if offset.type != of_width(I64, width):
+            offset = self.b.sext(offset, of_width(I64, width))
+        return self.b.add(pointer, self.b.mul(offset, self.splat(ir.Constant(I64, size),
+                                                                  width)))
 
     def region(self, block: Block, args: list[ir.Value]) -> list[ir.Value]:
         """A combine region on scalars or vectors (the width of `args`)."""
@@ -335,9 +419,16 @@ class ProgramEmitter:
             self.region_width = saved
 
 
-def _same_width(op: Op) -> bool:
-    source, target = op.operands[0].type, op.result.type
-    return bool(source.shape) and _storage_bytes(source.elem) == _storage_bytes(target.elem)
+def _cost(value) -> int:
+    return value.cost if isinstance(value, Lazy) else 0
+
+
+def _use_counts(block: Block) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for op in walk(block):
+        for value in op.operands:
+            counts[value.id] = counts.get(value.id, 0) + 1
+    return counts
 
 
 def _lanes(value: ir.Value) -> int:
@@ -365,6 +456,7 @@ _HANDLERS = {
     "tt.get_program_id": ProgramEmitter.program_id,
     "tt.get_num_programs": ProgramEmitter.program_id,
     "tt.addptr": ProgramEmitter.addptr,
+    "tt.broadcast": ProgramEmitter.broadcast,
     **memory.HANDLERS,
     **tiles.HANDLERS,
 }

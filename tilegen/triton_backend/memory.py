@@ -63,10 +63,10 @@ def load(e, op) -> None:
         lane_mask = e.load_chunk(masks, index, width) if masks is not None else None
         passthru = _to_memory(e, e.load_chunk(others, index, width), elem) \
             if others is not None else ir.Constant(vector_ty, None)
-        chunk = e.load_chunk(addresses, index, width)
-        e.check_bounds(op, chunk, lane_mask, width, align)
-        if contiguous:
-            first = e.b.inttoptr(e.b.extract_element(chunk, ir.Constant(I32, 0)), PTR)
+        if contiguous:  # only the first lane's address is needed
+            address = e.load_chunk(addresses, index, 0)
+            e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
+            first = e.b.inttoptr(address, PTR)
             if lane_mask is None:
                 raw = e.b.load(first, typ=vector_ty, align=align)
             else:
@@ -74,6 +74,8 @@ def load(e, op) -> None:
                                         vector_ty, [PTR, I32, lane_mask.type, vector_ty])
                 raw = e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
         else:
+            chunk = e.load_chunk(addresses, index, width)
+            e.check_bounds(op, chunk, lane_mask, width, align)
             if lane_mask is None:
                 lane_mask = splat_constant(I1, 1, width)
             pointers = _pointers(e, chunk, width)
@@ -133,11 +135,11 @@ def store(e, op) -> None:
     def body(index, width):
         vector_ty = ir.VectorType(memory_ty, width)
         lane_mask = e.load_chunk(masks, index, width) if masks is not None else None
-        chunk = e.load_chunk(addresses, index, width)
         data = _to_memory(e, e.load_chunk(values, index, width), elem)
-        e.check_bounds(op, chunk, lane_mask, width, align)
         if contiguous:
-            first = e.b.inttoptr(e.b.extract_element(chunk, ir.Constant(I32, 0)), PTR)
+            address = e.load_chunk(addresses, index, 0)
+            e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
+            first = e.b.inttoptr(address, PTR)
             if lane_mask is None:
                 e.b.store(data, first, align=align)
                 return
@@ -145,6 +147,8 @@ def store(e, op) -> None:
                                     ir.VoidType(), [vector_ty, PTR, I32, lane_mask.type])
             e.b.call(function, [data, first, ir.Constant(I32, align), lane_mask])
             return
+        chunk = e.load_chunk(addresses, index, width)
+        e.check_bounds(op, chunk, lane_mask, width, align)
         if lane_mask is None:
             lane_mask = splat_constant(I1, 1, width)
         pointers = _pointers(e, chunk, width)

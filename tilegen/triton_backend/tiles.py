@@ -13,7 +13,7 @@ def _const(value: int) -> ir.Constant:
     return ir.Constant(I64, value)
 
 
-def _row_index(e, flat_row: ir.Value, out_rows: tuple[int, ...], in_rows: tuple[int, ...]):
+def row_index(e, flat_row: ir.Value, out_rows: tuple[int, ...], in_rows: tuple[int, ...]):
     """The row of the input that output row `flat_row` reads (dims of size 1 broadcast)."""
     index = _const(0)
     remaining = flat_row
@@ -25,34 +25,6 @@ def _row_index(e, flat_row: ir.Value, out_rows: tuple[int, ...], in_rows: tuple[
             index = e.b.add(index, e.b.mul(coordinate, _const(stride_in)))
         stride_in *= in_dim
     return index
-
-
-def broadcast(e, op) -> None:
-    source = e.env[op.operands[0].id]
-    in_shape, out_shape = op.operands[0].type.shape, op.result.type.shape
-    out = e.alloc(op.result.type)
-    last = out_shape[-1]
-    width = min(16, last)
-
-    def row(r):
-        in_row = _row_index(e, r, out_shape[:-1], in_shape[:-1])
-        out_base = e.b.mul(r, _const(last))
-        if in_shape[-1] == last:
-            in_base = e.b.mul(in_row, _const(last))
-
-            def chunk(c):
-                offset = e.b.mul(c, _const(width))
-                value = e.load_chunk(source, e.b.add(in_base, offset), width)
-                e.store_chunk(out, e.b.add(out_base, offset), value)
-        else:
-            value = e.splat(e.load_element(source, in_row), width)
-
-            def chunk(c):
-                e.store_chunk(out, e.b.add(out_base, e.b.mul(c, _const(width))), value)
-        e.loop(last // width, chunk)
-
-    e.loop(op.result.type.numel // last, row)
-    e.env[op.result.id] = out
 
 
 def trans(e, op) -> None:
@@ -192,7 +164,9 @@ def dot(e, op) -> None:
     n = b_value.type.shape[-1]
     if len(a_value.type.shape) != 2:
         raise e.fail(op, "batched (3-D) tl.dot is not supported")
-    a, b, c = e.env[a_value.id], e.env[b_value.id], e.env[c_value.id]
+    # each element of a and b is read many times: compute lazy operands once
+    a, b = e.materialize(e.env[a_value.id]), e.materialize(e.env[b_value.id])
+    c = e.env[c_value.id]
     out_type = op.result.type
     out = e.alloc(out_type)
     acc_ty = scalar_type(out_type.elem)
@@ -260,6 +234,8 @@ class _Carried:
             if not type_.shape:
                 pending.append((slot, value))
                 continue
+            if not hasattr(value, "offset"):  # lazy: read it before any slot changes
+                value = e.materialize(value)
             if value.offset == slot.offset:
                 continue
             if value.offset in tile_offsets:  # another slot's old value: copy it first
@@ -344,6 +320,6 @@ def scf_while(e, op) -> None:
         e.env[result.id] = value
 
 
-HANDLERS = {"tt.broadcast": broadcast, "tt.trans": trans, "tt.reduce": reduce,
+HANDLERS = {"tt.trans": trans, "tt.reduce": reduce,
             "tt.scan": scan, "tt.dot": dot, "scf.for": scf_for, "scf.if": scf_if,
             "scf.while": scf_while}
