@@ -122,3 +122,30 @@ def test_unsupported_op_names_op_and_line():
     x = torch.zeros(16, dtype=torch.int32)
     with pytest.raises(TileError, match=r"tt.histogram.*uses_histogram.*test_triton_ops.py:\d+"):
         uses_histogram[(1,)](x, x)
+
+
+@triton.jit
+def unmasked_copy(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets))
+
+
+@triton.jit
+def gathered_read(x_ptr, y_ptr, stride, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets * stride))
+
+
+def test_debug_bounds_check_names_kernel_op_and_address(monkeypatch):
+    from tilegen.triton_backend.driver import KernelBoundsError
+
+    x, y = torch.arange(100, dtype=torch.float32), torch.zeros(128)
+    unmasked_copy[(1,)](x[:64].clone(), y, BLOCK=64, debug=True)  # in bounds: no error
+    expected = r"unmasked_copy.*tt.load.*test_triton_ops.*element 100\) from `x_ptr`"
+    with pytest.raises(KernelBoundsError, match=expected):
+        unmasked_copy[(2,)](x, y, BLOCK=64, debug=True)  # reads x[100:128]
+    with pytest.raises(KernelBoundsError, match=r"gathered_read.*tt.load"):
+        gathered_read[(1,)](x, y, 7, BLOCK=16, debug=True)  # x[105] is outside
+    z = torch.zeros(16)
+    gathered_read[(1,)](x, z, 6, BLOCK=16, debug=True)  # x[90] is the last: fine
+    assert torch.equal(z, x[::6][:16])

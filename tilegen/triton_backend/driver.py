@@ -77,6 +77,7 @@ class TilegenLauncher:
         constant_positions = {arg_names.index(k) if isinstance(k, str) else k[0]
                               for k in constants}
         self.kinds = []
+        self.names = [name for name, _ in signature]
         for position, (name, kind) in enumerate(signature):
             if kind == "constexpr" or position in constant_positions:
                 self.kinds.append(None)
@@ -108,10 +109,13 @@ class TilegenLauncher:
         slots = (ctypes.c_uint64 * max(1, len(args)))()
         bounds = []
         count = 0
-        for kind, value in zip(self.kinds, args, strict=False):
+        tensors = []
+        for kind, name, value in zip(self.kinds, self.names, args, strict=False):
             if kind is None:
                 continue
             slots[count] = _pack(kind, value, bounds)
+            if len(bounds) > len(tensors):
+                tensors.append((name, value))
             count += 1
         if enter_hook is not None:
             enter_hook(launch_metadata)
@@ -127,7 +131,24 @@ class TilegenLauncher:
             site = self.check_sites[status[1]] if status[1] < len(self.check_sites) else "?"
             raise KernelBoundsError(
                 f"kernel `{self.name}`: {site} accessed address {status[2]:#x}, outside "
-                f"every tensor argument (TRITON_DEBUG bounds check)")
+                f"every tensor argument: {_nearest(status[2], tensors)} (TRITON_DEBUG "
+                "bounds check)")
+
+
+def _nearest(address: int, tensors) -> str:
+    """Where `address` is relative to the tensor argument it most likely belongs to."""
+    if not tensors:
+        return "the kernel has no tensor arguments"
+
+    def distance(entry):
+        _, tensor = entry
+        return abs(address - tensor.data_ptr())
+
+    name, tensor = min(tensors, key=distance)
+    offset = address - tensor.data_ptr()
+    size = tensor.element_size()
+    return (f"byte offset {offset} (element {offset // size}) from `{name}`, a tensor of "
+            f"{tensor.numel()} elements")
 
 
 _BOUNDS_TABLE = threading.local()
