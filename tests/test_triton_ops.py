@@ -4,6 +4,8 @@ sizes, 2- and 3-D grids, reductions, scans and atomics under the parallel grid."
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
@@ -149,3 +151,103 @@ def test_debug_bounds_check_names_kernel_op_and_address(monkeypatch):
     z = torch.zeros(16)
     gathered_read[(1,)](x, z, 6, BLOCK=16, debug=True)  # x[90] is the last: fine
     assert torch.equal(z, x[::6][:16])
+
+
+@triton.jit
+def exp2_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y_ptr + offsets, tl.math.exp2(tl.load(x_ptr + offsets, mask=mask)), mask=mask)
+
+
+def test_exp2_within_three_ulp_over_the_float_range():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(-160, 130, 200_000), rng.uniform(-1, 1, 50_000),
+                        [0.0, -0.0, 1.0, 127.9, 128.0, -149.0, -150.5, np.inf, -np.inf, np.nan,
+                         -126.0, -127.3]]).astype(np.float32)
+    y = torch.empty(x.size)
+    exp2_kernel[(triton.cdiv(x.size, 1024),)](torch.from_numpy(x), y, x.size, BLOCK=1024)
+    exact = np.exp2(x.astype(np.float64))
+    got = y.numpy().astype(np.float64)
+    finite = np.isfinite(exact) & (exact < np.finfo(np.float32).max)
+    ulp = np.spacing(exact[finite].astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got[finite] - exact[finite]) / ulp) <= 3.0
+    assert np.isnan(got[np.isnan(x)]).all()
+    assert (got[x == np.inf] == np.inf).all() and (got[x == -np.inf] == 0).all()
+
+
+@triton.jit
+def dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+               ACC_IN: tl.constexpr):
+    rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+    b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+    acc = tl.load(c_ptr + rm[:, None] * N + rn[None, :]) if ACC_IN else \
+        tl.zeros((M, N), dtype=tl.float32)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b, acc))
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.sampled_from([1, 2, 4, 16, 32]), n=st.sampled_from([1, 8, 16, 64, 128]),
+       k=st.sampled_from([1, 4, 16, 32]), half=st.booleans(), acc_in=st.booleans())
+def test_generated_dot_shapes(m, n, k, half, acc_in):
+    dtype = torch.float16 if half else torch.float32
+    generator = torch.Generator().manual_seed(m * 1000 + n * 10 + k)
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    c = torch.randn(m, n, generator=generator)
+    expected = a.double() @ b.double() + (c.double() if acc_in else 0)
+    dot_kernel[(1,)](a, b, c, M=m, N=n, K=k, ACC_IN=acc_in)
+    torch.testing.assert_close(c.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def generated_elementwise(x_ptr, y_ptr, out_ptr, M, N, stride_xm, stride_xn, C: tl.constexpr,
+                          OP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn, mask=mask,
+                other=1.0)
+    y = tl.load(y_ptr + cols, mask=cols < N, other=0.0)
+    if OP == 0:
+        z = x * y[None, :] + C
+    elif OP == 1:
+        z = tl.where(x > y[None, :], x - C, tl.exp(y)[None, :])
+    elif OP == 2:
+        z = tl.maximum(x, C) / (tl.abs(y)[None, :] + 1.0)
+    else:
+        z = tl.sum(x, axis=1)[:, None] + y[None, :]
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], z, mask=mask)
+
+
+def _generated_reference(x, y, c, op, block_n):
+    if op == 0:
+        return x * y[None, :] + c
+    if op == 1:
+        return torch.where(x > y[None, :], x - c, torch.exp(y)[None, :])
+    if op == 2:
+        return torch.clamp(x, min=c) / (y.abs()[None, :] + 1.0)
+    padding = block_n - x.shape[1]  # masked-off lanes of the row read other=1.0
+    return x.sum(1, keepdim=True) + padding + y[None, :]
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 70), n=st.integers(1, 70), op=st.integers(0, 3),
+       block_m=st.sampled_from([1, 4, 16]), block_n=st.sampled_from([8, 16, 64]),
+       transposed=st.booleans(), c=st.sampled_from([0.5, -2.0]))
+def test_generated_masked_kernels_at_odd_sizes(m, n, op, block_m, block_n, transposed, c):
+    generator = torch.Generator().manual_seed(m * 100 + n)
+    x = torch.randn(n, m, generator=generator).t() if transposed else \
+        torch.randn(m, n, generator=generator)
+    y = torch.randn(n, generator=generator)
+    out = torch.full((m, n), 123.0)
+    if op == 3:  # the row sum must see the whole row in one program
+        block_n = triton.next_power_of_2(n)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    generated_elementwise[grid](x, y, out, m, n, x.stride(0), x.stride(1), C=c, OP=op,
+                                BLOCK_M=block_m, BLOCK_N=block_n)
+    expected = _generated_reference(x, y, c, op, block_n)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -280,12 +280,13 @@ class ProgramEmitter:
                            [ir.Constant(I32, k) for k in range(2 * count)])
         return self.b.shuffle_vector(low, high, mask)
 
-    def loop(self, count, body) -> None:
-        """body(index) for index in [0, count) (count an int or an i64 value)."""
+    def loop(self, count, body, unroll: bool = True) -> None:
+        """body(index) for index in [0, count) (count an int or an i64 value); up to
+        UNROLL_CHUNKS trips are emitted unrolled unless `unroll` is off."""
         if isinstance(count, int):
             if count <= 0:
                 return
-            if count <= UNROLL_CHUNKS:
+            if count == 1 or (unroll and count <= UNROLL_CHUNKS):
                 for index in range(count):
                     body(ir.Constant(I64, index))
                 return

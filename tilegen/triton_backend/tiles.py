@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .elementwise import I32, I64, of_width, scalar_type
+from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType
 
 
@@ -157,61 +157,68 @@ def scan(e, op) -> None:
 
 
 def dot(e, op) -> None:
-    """d = c + a @ b in f32 (or i32 for integer inputs): per row of d, a group of up to 8
-    accumulator chunks stays in registers while k runs."""
+    """d = c + a @ b, accumulated in d's type (f32 for float inputs, widened on load; i32
+    for int8). Register-blocked: a block of rows x up to four 16-lane column chunks of d
+    (16 accumulators) stays in registers while k runs, so each loaded chunk of b feeds one
+    FMA per row of the block and each element of a one FMA per chunk."""
     a_value, b_value, c_value = op.operands[:3]
-    m, k_extent = a_value.type.shape[-2:]
-    n = b_value.type.shape[-1]
     if len(a_value.type.shape) != 2:
         raise e.fail(op, "batched (3-D) tl.dot is not supported")
+    m, k_extent = a_value.type.shape
+    n = b_value.type.shape[-1]
     # each element of a and b is read many times: compute lazy operands once
     a, b = e.materialize(e.env[a_value.id]), e.materialize(e.env[b_value.id])
     c = e.env[c_value.id]
-    out_type = op.result.type
-    out = e.alloc(out_type)
-    acc_ty = scalar_type(out_type.elem)
+    out = e.alloc(op.result.type)
+    acc_ty = scalar_type(op.result.type.elem)
     is_float = not isinstance(acc_ty, ir.IntType)
     width = min(16, n)
-    chunks = n // width
-    group = min(8, chunks)
+    group = min(n // width, 4)
+    rows = min(m, max(1, 16 // group))
 
     def widen(value, elem, lanes):
         target = of_width(acc_ty, lanes)
         if value.type == target:
             return value
-        if is_float:
-            return e.b.fpext(value, target)
-        return e.b.sext(value, target)
+        if elem == "bf16":
+            value = bf16_to_f32(e.b, value, lanes)
+            return value if value.type == target else e.b.fpext(value, target)
+        return e.b.fpext(value, target) if is_float else e.b.sext(value, target)
 
-    def row(i):
-        def chunk_group(g):
-            first_chunk = e.b.mul(g, _const(group))
-            offsets = [e.b.mul(e.b.add(first_chunk, _const(q)), _const(width))
-                       for q in range(group)]
-            row_base = e.b.mul(i, _const(n))
-            accs = [widen(e.load_chunk(c, e.b.add(row_base, off), width), c_value.type.elem,
-                          width) for off in offsets]
+    def block(row_block, column_group):
+        first_row = e.b.mul(row_block, _const(rows))
+        columns = [e.b.mul(e.b.add(e.b.mul(column_group, _const(group)), _const(q)),
+                           _const(width)) for q in range(group)]
+        row_starts = [e.b.mul(e.b.add(first_row, _const(r)), _const(n)) for r in range(rows)]
+        a_rows = [e.b.mul(e.b.add(first_row, _const(r)), _const(k_extent))
+                  for r in range(rows)]
+        accs = [widen(e.load_chunk(c, e.b.add(start, column), width), c_value.type.elem,
+                      width) for start in row_starts for column in columns]
 
-            def step(kk, carried):
-                scalar = e.load_element(a, e.b.add(e.b.mul(i, _const(k_extent)), kk))
-                broadcast_a = e.splat(widen(scalar, a_value.type.elem, 0), width)
-                b_base = e.b.mul(kk, _const(n))
-                updated = []
-                for acc, off in zip(carried, offsets, strict=True):
-                    b_chunk = widen(e.load_chunk(b, e.b.add(b_base, off), width),
-                                    b_value.type.elem, width)
+        def step(kk, carried):
+            b_base = e.b.mul(kk, _const(n))
+            b_chunks = [widen(e.load_chunk(b, e.b.add(b_base, column), width),
+                              b_value.type.elem, width) for column in columns]
+            updated = []
+            for r in range(rows):
+                scalar = e.load_element(a, e.b.add(a_rows[r], kk))
+                a_lanes = e.splat(widen(scalar, a_value.type.elem, 0), width)
+                for q in range(group):
+                    acc = carried[r * group + q]
                     if is_float:
                         updated.append(e.ew.intrinsic(e.b, "llvm.fma",
-                                                      [broadcast_a, b_chunk, acc]))
+                                                      [a_lanes, b_chunks[q], acc]))
                     else:
-                        updated.append(e.b.add(acc, e.b.mul(broadcast_a, b_chunk)))
-                return updated
-            accs = e.counted_loop(_const(0), _const(k_extent), _const(1), accs, step)
-            for acc, off in zip(accs, offsets, strict=True):
-                e.store_chunk(out, e.b.add(row_base, off), acc)
-        e.loop(chunks // group, chunk_group)
+                        updated.append(e.b.add(acc, e.b.mul(a_lanes, b_chunks[q])))
+            return updated
 
-    e.loop(m, row)
+        accs = e.counted_loop(_const(0), _const(k_extent), _const(1), accs, step)
+        for r in range(rows):
+            for q in range(group):
+                e.store_chunk(out, e.b.add(row_starts[r], columns[q]), accs[r * group + q])
+
+    e.loop(m // rows, lambda rb: e.loop(n // (width * group), lambda g: block(rb, g),
+                                        unroll=False), unroll=False)
     e.env[op.result.id] = out
 
 
