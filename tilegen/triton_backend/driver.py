@@ -140,11 +140,11 @@ def _nearest(address: int, tensors) -> str:
     if not tensors:
         return "the kernel has no tensor arguments"
 
-    def distance(entry):
-        _, tensor = entry
-        return abs(address - tensor.data_ptr())
-
-    name, tensor = min(tensors, key=distance)
+    below = [entry for entry in tensors if entry[1].data_ptr() <= address]
+    if below:  # past the end of the highest tensor starting below the address
+        name, tensor = max(below, key=lambda entry: entry[1].data_ptr())
+    else:
+        name, tensor = min(tensors, key=lambda entry: entry[1].data_ptr())
     offset = address - tensor.data_ptr()
     size = tensor.element_size()
     return (f"byte offset {offset} (element {offset // size}) from `{name}`, a tensor of "

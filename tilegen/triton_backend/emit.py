@@ -96,6 +96,10 @@ class ProgramEmitter:
         self.region_width = 0  # >0 while a combine region runs on vectors
         self.check_sites: list[str] = []
         self.uses = _use_counts(program.body)
+        # loop-carried tiles (their frame slots are the loop's own): a dot whose
+        # accumulator is one of them, read by nothing else, accumulates in place
+        self.carried_args = {arg.id for op in walk(program.body) if op.name == "scf.for"
+                             for arg in op.regions[0].args[1:]}
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")

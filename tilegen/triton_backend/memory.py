@@ -13,6 +13,10 @@ from llvmlite import ir
 
 from .elementwise import I1, I32, I64, PTR, of_width, splat_constant, storage_type, type_suffix
 
+
+def chunk_width(type_) -> int:
+    return min(16, type_.shape[-1]) if type_.shape else 1
+
 _RMW = {"add": "add", "fadd": "fadd", "max": "max", "min": "min", "umax": "umax",
         "umin": "umin", "exch": "xchg", "and": "and", "or": "or", "xor": "xor"}
 
@@ -38,6 +42,16 @@ def _lanes(value: ir.Value) -> int:
     return value.type.count if isinstance(value.type, ir.VectorType) else 0
 
 
+def _is_run(e, chunk: ir.Value, first: ir.Value, width: int, size: int) -> ir.Value:
+    """Whether the lanes' addresses are first, first + size, first + 2 size, ..."""
+    steps = ir.Constant(ir.VectorType(I64, width), [ir.Constant(I64, k * size)
+                                                    for k in range(width)])
+    expected = e.b.add(e.splat(first, width), steps)
+    same = e.b.icmp_unsigned("==", chunk, expected)
+    bits = e.b.bitcast(same, ir.IntType(width))
+    return e.b.icmp_unsigned("==", bits, ir.Constant(ir.IntType(width), (1 << width) - 1))
+
+
 def _pointers(e, addresses: ir.Value, width: int) -> ir.Value:
     return e.b.inttoptr(addresses, of_width(PTR, width))
 
@@ -52,11 +66,32 @@ def load(e, op) -> None:
     if not result.type.shape:
         e.env[result.id] = _scalar_load(e, op, pointer, mask, other, memory_ty, align)
         return
-    contiguous = e.strides.get(pointer.id) == align
+    stride = e.strides.get(pointer.id)
+    contiguous = stride == align
+    # an unknown stride (runtime strides, `% M` wrap-around offsets) is tested per chunk:
+    # a run of consecutive addresses is read as one vector
+    dynamic = stride is None and chunk_width(result.type) >= 4
     out = e.alloc(result.type)
     addresses = e.env[pointer.id]
     masks = e.env[mask.id] if mask is not None else None
     others = e.env[other.id] if other is not None else None
+
+    def vector_load(address, lane_mask, passthru, vector_ty):
+        first = e.b.inttoptr(address, PTR)
+        if lane_mask is None:
+            return e.b.load(first, typ=vector_ty, align=align)
+        function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
+                                vector_ty, [PTR, I32, lane_mask.type, vector_ty])
+        return e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
+
+    def gather(chunk, lane_mask, passthru, vector_ty, width):
+        if lane_mask is None:
+            lane_mask = splat_constant(I1, 1, width)
+        pointers = _pointers(e, chunk, width)
+        function = e.ew.declare(
+            f"llvm.masked.gather.{type_suffix(vector_ty)}.{type_suffix(pointers.type)}",
+            vector_ty, [pointers.type, I32, lane_mask.type, vector_ty])
+        return e.b.call(function, [pointers, ir.Constant(I32, align), lane_mask, passthru])
 
     def body(index, width):
         vector_ty = ir.VectorType(memory_ty, width)
@@ -66,23 +101,24 @@ def load(e, op) -> None:
         if contiguous:  # only the first lane's address is needed
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
-            first = e.b.inttoptr(address, PTR)
-            if lane_mask is None:
-                raw = e.b.load(first, typ=vector_ty, align=align)
-            else:
-                function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
-                                        vector_ty, [PTR, I32, lane_mask.type, vector_ty])
-                raw = e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
+            raw = vector_load(address, lane_mask, passthru, vector_ty)
         else:
             chunk = e.load_chunk(addresses, index, width)
             e.check_bounds(op, chunk, lane_mask, width, align)
-            if lane_mask is None:
-                lane_mask = splat_constant(I1, 1, width)
-            pointers = _pointers(e, chunk, width)
-            function = e.ew.declare(
-                f"llvm.masked.gather.{type_suffix(vector_ty)}.{type_suffix(pointers.type)}",
-                vector_ty, [pointers.type, I32, lane_mask.type, vector_ty])
-            raw = e.b.call(function, [pointers, ir.Constant(I32, align), lane_mask, passthru])
+            if dynamic:
+                first = e.b.extract_element(chunk, ir.Constant(I32, 0))
+                with e.b.if_else(_is_run(e, chunk, first, width, align)) as (run, scattered):
+                    with run:
+                        contiguous_raw = vector_load(first, lane_mask, passthru, vector_ty)
+                        run_block = e.b.block
+                    with scattered:
+                        gathered_raw = gather(chunk, lane_mask, passthru, vector_ty, width)
+                        gather_block = e.b.block
+                raw = e.b.phi(vector_ty)
+                raw.add_incoming(contiguous_raw, run_block)
+                raw.add_incoming(gathered_raw, gather_block)
+            else:
+                raw = gather(chunk, lane_mask, passthru, vector_ty, width)
         e.store_chunk(out, index, _to_value(e, raw, elem))
 
     e.chunks(result.type, body)
@@ -128,9 +164,29 @@ def store(e, op) -> None:
                 e.check_bounds(op, address, None, 0, align)
                 e.b.store(data, e.b.inttoptr(address, PTR), align=align)
         return
-    contiguous = e.strides.get(pointer.id) == align
+    stride = e.strides.get(pointer.id)
+    contiguous = stride == align
+    dynamic = stride is None and chunk_width(value.type) >= 4
     addresses, values = e.env[pointer.id], e.env[value.id]
     masks = e.env[mask.id] if mask is not None else None
+
+    def vector_store(address, lane_mask, data, vector_ty):
+        first = e.b.inttoptr(address, PTR)
+        if lane_mask is None:
+            e.b.store(data, first, align=align)
+            return
+        function = e.ew.declare(f"llvm.masked.store.{type_suffix(vector_ty)}.p0",
+                                ir.VoidType(), [vector_ty, PTR, I32, lane_mask.type])
+        e.b.call(function, [data, first, ir.Constant(I32, align), lane_mask])
+
+    def scatter(chunk, lane_mask, data, vector_ty, width):
+        if lane_mask is None:
+            lane_mask = splat_constant(I1, 1, width)
+        pointers = _pointers(e, chunk, width)
+        function = e.ew.declare(
+            f"llvm.masked.scatter.{type_suffix(vector_ty)}.{type_suffix(pointers.type)}",
+            ir.VoidType(), [vector_ty, pointers.type, I32, lane_mask.type])
+        e.b.call(function, [data, pointers, ir.Constant(I32, align), lane_mask])
 
     def body(index, width):
         vector_ty = ir.VectorType(memory_ty, width)
@@ -139,23 +195,19 @@ def store(e, op) -> None:
         if contiguous:
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
-            first = e.b.inttoptr(address, PTR)
-            if lane_mask is None:
-                e.b.store(data, first, align=align)
-                return
-            function = e.ew.declare(f"llvm.masked.store.{type_suffix(vector_ty)}.p0",
-                                    ir.VoidType(), [vector_ty, PTR, I32, lane_mask.type])
-            e.b.call(function, [data, first, ir.Constant(I32, align), lane_mask])
+            vector_store(address, lane_mask, data, vector_ty)
             return
         chunk = e.load_chunk(addresses, index, width)
         e.check_bounds(op, chunk, lane_mask, width, align)
-        if lane_mask is None:
-            lane_mask = splat_constant(I1, 1, width)
-        pointers = _pointers(e, chunk, width)
-        function = e.ew.declare(
-            f"llvm.masked.scatter.{type_suffix(vector_ty)}.{type_suffix(pointers.type)}",
-            ir.VoidType(), [vector_ty, pointers.type, I32, lane_mask.type])
-        e.b.call(function, [data, pointers, ir.Constant(I32, align), lane_mask])
+        if dynamic:
+            first = e.b.extract_element(chunk, ir.Constant(I32, 0))
+            with e.b.if_else(_is_run(e, chunk, first, width, align)) as (run, scattered):
+                with run:
+                    vector_store(first, lane_mask, data, vector_ty)
+                with scattered:
+                    scatter(chunk, lane_mask, data, vector_ty, width)
+        else:
+            scatter(chunk, lane_mask, data, vector_ty, width)
 
     e.chunks(value.type, body)
 

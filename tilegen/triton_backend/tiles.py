@@ -6,7 +6,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
-from .tileir import TileType
+from .tileir import FLOAT_ELEMS, TileType
 
 
 def _const(value: int) -> ir.Constant:
@@ -157,6 +157,103 @@ def scan(e, op) -> None:
 
 
 def dot(e, op) -> None:
+    """d = c + a @ b. Float products accumulated in f32 or f64 run on tilegen's packed-gemm
+    micro-kernel (gemm.micro_kernel_function): a is already row-major with a static row
+    stride, b is packed into nr-wide panels (converted to the accumulator type on the way,
+    f16/bf16 included), and each mr x nr block of d is one call. Other products use the
+    register-blocked loop below."""
+    a_value, b_value, c_value = op.operands[:3]
+    result = op.result.type.elem
+    if len(a_value.type.shape) == 2 and result in ("f32", "f64") and \
+            a_value.type.elem in FLOAT_ELEMS and b_value.type.elem in FLOAT_ELEMS:
+        _dot_micro_kernel(e, op)
+        return
+    _dot_blocked(e, op)
+
+
+def _converted(e, value, elem: str):
+    """`value` stored as a tile of `elem` (a lazy conversion, then materialized)."""
+    if value.type.elem == elem:
+        return e.materialize(value)
+    target = TileType(elem, value.type.shape)
+    out = e.alloc(target)
+    name = "arith.extf" if elem in ("f32", "f64") and value.type.elem != "f64" else \
+        "arith.truncf"
+
+    def body(index, width):
+        chunk = e.load_chunk(value, index, width)
+        e.store_chunk(out, index, e.ew.emit(e.b, name, (), [chunk], [value.type.elem], elem))
+    e.chunks(value.type, body)
+    return out
+
+
+def _dot_micro_kernel(e, op) -> None:
+    from .. import loopir as L
+    from ..gemm import LANES, micro_kernel_function
+
+    a_value, b_value, c_value = op.operands[:3]
+    m, k_extent = a_value.type.shape
+    n = b_value.type.shape[-1]
+    elem = op.result.type.elem
+    dtype = L.F32 if elem == "f32" else L.F64
+    lanes = LANES[dtype]
+    nr = 2 * lanes if n > lanes else lanes
+    mr = 12 if nr == 2 * lanes else 14
+    a = _converted(e, e.env[a_value.id], elem)
+    b = _converted(e, e.env[b_value.id], elem)
+    c = e.env[c_value.id]
+    zero_start = getattr(c, "kind", None) == "const" and c.payload == 0
+    in_place = c_value.id in e.carried_args and e.uses.get(c_value.id) == 1 and \
+        isinstance(c, type(a)) and c_value.type.elem == elem
+    if zero_start:
+        out = e.alloc(op.result.type)
+    elif in_place:
+        out = c
+    else:
+        out = _copy_of(e, c, op.result.type)
+    panels = -(-n // nr)
+    if n == nr:
+        packed = b
+    else:
+        packed = e.alloc(TileType(elem, (panels, k_extent, nr)))
+        width = min(lanes, n)
+
+        def pack(p, kk):
+            source = e.b.add(e.b.mul(kk, _const(n)), e.b.mul(p, _const(nr)))
+            target = e.b.mul(e.b.add(e.b.mul(p, _const(k_extent)), kk), _const(nr))
+            for part in range(0, min(nr, n), width):
+                chunk = e.load_chunk(b, e.b.add(source, _const(part)), width)
+                e.store_chunk(packed, e.b.add(target, _const(part)), chunk)
+        e.loop(panels, lambda p: e.loop(k_extent, lambda kk: pack(p, kk), unroll=False),
+               unroll=False)
+    kernel = micro_kernel_function(e.module, dtype, mr, nr, k_extent)
+    first = ir.Constant(ir.IntType(1), 1 if zero_start else 0)
+
+    def block(p, row_block):
+        row0 = e.b.mul(row_block, _const(mr))
+        column0 = e.b.mul(p, _const(nr))
+        rows = e.b.sub(_const(m), row0)
+        rows = e.b.select(e.b.icmp_signed("<", rows, _const(mr)), rows, _const(mr))
+        columns = e.b.sub(_const(n), column0)
+        columns = e.b.select(e.b.icmp_signed("<", columns, _const(nr)), columns, _const(nr))
+        e.b.call(kernel, [e.address(a, e.b.mul(row0, _const(k_extent))),
+                          e.address(packed, e.b.mul(p, _const(k_extent * nr))),
+                          _const(k_extent),
+                          e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
+                          _const(n), rows, columns, first])
+    e.loop(panels, lambda p: e.loop(-(-m // mr), lambda r: block(p, r), unroll=False),
+           unroll=False)
+    e.env[op.result.id] = out
+
+
+def _copy_of(e, value, type_: TileType):
+    out = e.alloc(type_)
+    e.chunks(type_, lambda index, width: e.store_chunk(out, index,
+                                                      e.load_chunk(value, index, width)))
+    return out
+
+
+def _dot_blocked(e, op) -> None:
     """d = c + a @ b, accumulated in d's type (f32 for float inputs, widened on load; i32
     for int8). Register-blocked: a block of rows x up to four 16-lane column chunks of d
     (16 accumulators) stays in registers while k runs, so each loaded chunk of b feeds one
