@@ -198,7 +198,8 @@ def _dot_micro_kernel(e, op) -> None:
     dtype = L.F32 if elem == "f32" else L.F64
     lanes = LANES[dtype]
     nr = 2 * lanes if n > lanes else lanes
-    mr = 12 if nr == 2 * lanes else 14
+    # tile rows are powers of two: a register block that divides them wastes no FMAs
+    mr = min(m, 8 if nr == 2 * lanes else 16)
     a = _converted(e, e.env[a_value.id], elem)
     b = _converted(e, e.env[b_value.id], elem)
     c = e.env[c_value.id]
