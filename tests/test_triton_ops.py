@@ -115,15 +115,16 @@ def test_atomic_cas_spin_lock():
 
 
 @triton.jit
-def uses_histogram(x_ptr, out_ptr):
+def uses_print(x_ptr, out_ptr):
     x = tl.load(x_ptr + tl.arange(0, 16))
-    tl.store(out_ptr + tl.arange(0, 16), tl.histogram(x, 16))
+    tl.device_print("x", x)
+    tl.store(out_ptr + tl.arange(0, 16), x)
 
 
 def test_unsupported_op_names_op_and_line():
     x = torch.zeros(16, dtype=torch.int32)
-    with pytest.raises(TileError, match=r"tt.histogram.*uses_histogram.*test_triton_ops.py:\d+"):
-        uses_histogram[(1,)](x, x)
+    with pytest.raises(TileError, match=r"tt.print.*uses_print.*test_triton_ops.py:\d+"):
+        uses_print[(1,)](x, x)
 
 
 @triton.jit
@@ -251,3 +252,46 @@ def test_generated_masked_kernels_at_odd_sizes(m, n, op, block_m, block_n, trans
                                 BLOCK_M=block_m, BLOCK_N=block_n)
     expected = _generated_reference(x, y, c, op, block_n)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def shape_ops(x_ptr, y_ptr, joined_ptr, parts_ptr, cat_ptr, hist_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(x_ptr + r)
+    y = tl.load(y_ptr + r)
+    joined = tl.join(x, y)
+    tl.store(joined_ptr + r[:, None] * 2 + tl.arange(0, 2)[None, :], joined)
+    first, second = tl.split(tl.join(y, x * 2.0))
+    tl.store(parts_ptr + r, first - second)
+    tl.store(cat_ptr + tl.arange(0, 2 * N), tl.cat(x, y, can_reorder=False))
+    tl.store(hist_ptr + tl.arange(0, 8), tl.histogram(r % 11, 8))
+
+
+def test_join_split_cat_histogram():
+    torch.manual_seed(5)
+    n = 32
+    x, y = torch.randn(n), torch.randn(n)
+    joined, parts = torch.empty(n, 2), torch.empty(n)
+    cat, hist = torch.empty(2 * n), torch.empty(8, dtype=torch.int32)
+    shape_ops[(1,)](x, y, joined, parts, cat, hist, N=n)
+    assert torch.equal(joined, torch.stack([x, y], dim=1))
+    assert torch.equal(parts, y - 2 * x)
+    assert torch.equal(cat, torch.cat([x, y]))
+    assert torch.equal(hist.long(), torch.bincount(torch.arange(n) % 11, minlength=11)[:8])
+
+
+@triton.jit
+def asserting(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=1.0)
+    tl.device_assert(x > 0, "x must be positive")
+
+
+def test_device_assert_raises_in_debug_mode():
+    from tilegen.triton_backend.driver import KernelAssertionError
+
+    x = torch.ones(20)
+    asserting[(1,)](x, 20, BLOCK=32, debug=True)
+    x[13] = -1.0
+    with pytest.raises(KernelAssertionError, match=r"x must be positive.*element 13"):
+        asserting[(1,)](x, 20, BLOCK=32, debug=True)

@@ -65,3 +65,31 @@ def emit_check(e, op, addresses, mask, width: int, size: int, contiguous: bool) 
         b.store(ir.Constant(I64, 1), status)
         b.ret_void()
     del vector_ty
+
+
+def device_assert(e, op) -> None:
+    """tt.assert (tl.device_assert, emitted by Triton only with debug=True): the first
+    false element stops the program; status gets 2, the site and the element."""
+    condition = e.env[op.operands[0].id]
+    site = len(e.check_sites)
+    place = f" at {op.loc}" if op.loc else ""
+    e.check_sites.append(f"device_assert{place}: {op.attr('message', '')}")
+    b = e.b
+
+    def check(index, scalar):
+        with b.if_then(b.not_(scalar), likely=False):
+            status = e.status
+            b.store(ir.Constant(I64, site), b.gep(status, [ir.Constant(I64, 1)],
+                                                  source_etype=I64))
+            b.store(index, b.gep(status, [ir.Constant(I64, 2)], source_etype=I64))
+            b.store(ir.Constant(I64, 2), status)
+            b.ret_void()
+
+    if not op.operands[0].type.shape:
+        check(ir.Constant(I64, 0), condition)
+        return
+    e.loop(op.operands[0].type.numel,
+           lambda index: check(index, e.load_element(condition, index)), unroll=False)
+
+
+HANDLERS = {"tt.assert": device_assert}

@@ -28,6 +28,10 @@ class KernelBoundsError(IndexError):
     tensor argument."""
 
 
+class KernelAssertionError(AssertionError):
+    """A `tl.device_assert` of a kernel compiled with debug=True (TRITON_DEBUG=1) failed."""
+
+
 class LoadedKernel:
     """An MCJIT engine holding one kernel's machine code (freed with this object)."""
 
@@ -129,6 +133,9 @@ class TilegenLauncher:
             exit_hook(launch_metadata)
         if status[0]:
             site = self.check_sites[status[1]] if status[1] < len(self.check_sites) else "?"
+            if status[0] == 2:
+                raise KernelAssertionError(f"kernel `{self.name}`: {site} (element "
+                                           f"{status[2]} of the condition is false)")
             raise KernelBoundsError(
                 f"kernel `{self.name}`: {site} accessed address {status[2]:#x}, outside "
                 f"every tensor argument: {_nearest(status[2], tensors)} (TRITON_DEBUG "

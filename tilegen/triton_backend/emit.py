@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from . import memory, tiles
+from . import bounds, memory, shapes, tiles
 from .analysis import last_axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
@@ -138,8 +138,7 @@ class ProgramEmitter:
         """With TRITON_DEBUG=1: a lane outside every argument tensor stops the program and
         records the op and the offending address in `status` (see bounds.py)."""
         if self.debug:
-            from .bounds import emit_check
-            emit_check(self, op, addresses, mask, width, size, contiguous)
+            bounds.emit_check(self, op, addresses, mask, width, size, contiguous)
 
     def fail(self, op: Op, message: str):
         return TileError(f"{op.where(self.program.name)}: {message}")
@@ -464,4 +463,6 @@ _HANDLERS = {
     "tt.broadcast": ProgramEmitter.broadcast,
     **memory.HANDLERS,
     **tiles.HANDLERS,
+    **shapes.HANDLERS,
+    **bounds.HANDLERS,
 }
