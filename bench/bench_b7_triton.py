@@ -93,7 +93,7 @@ def test_b7_layer_norm(benchmark, provider):
 def test_b7_attention(benchmark, provider):
     q, k, v = (torch.randn(1, 4, 1024, 64) * 0.5 for _ in range(3))
     reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125)
-    fn = _pick(provider, lambda: attention(q, k, v, False, 0.125),
+    fn = _pick(provider, lambda: attention(q, k, v, False, 0.125, BLOCK_M=128, BLOCK_N=64),
                lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125))
     torch.testing.assert_close(fn(), reference, rtol=1e-4, atol=1e-4)
     benchmark(fn)

@@ -110,6 +110,8 @@ def test_fused_softmax_persistent(shape):
 
 def get_cpu_autotune_config():
     return [
+        triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32,
+                       "GROUP_SIZE_M": 8}, num_stages=3, num_warps=8),
         triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32,
                        "GROUP_SIZE_M": 8}, num_stages=3, num_warps=8),
         triton.Config({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16,

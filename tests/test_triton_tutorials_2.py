@@ -227,11 +227,10 @@ def _attn_fwd(Q, K, V, sm_scale, M, Out, stride_qz, stride_qh, stride_qm, stride
     tl.store(O_ptrs, acc.to(Out.type.element_ty))
 
 
-def attention(q, k, v, causal, sm_scale):
+def attention(q, k, v, causal, sm_scale, BLOCK_M=32, BLOCK_N=16):
     HEAD_DIM = q.shape[-1]
     o = torch.empty_like(q)
     stage = 3 if causal else 1
-    BLOCK_M, BLOCK_N = 32, 16
     grid = (triton.cdiv(q.shape[2], BLOCK_M), q.shape[0] * q.shape[1], 1)
     M = torch.empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
     _attn_fwd[grid](q, k, v, sm_scale, M, o, *q.stride(), *k.stride(), *v.stride(),
