@@ -26,6 +26,7 @@ import sys, torch, triton
 sys.path.insert(0, sys.argv[2])
 import tests.test_triton_tutorials as T
 import tests.test_triton_tutorials_2 as T2
+import tests.test_triton_ops as T3
 
 def run_all():
     g = torch.Generator().manual_seed(7)
@@ -52,6 +53,9 @@ def run_all():
     results["matmul"] = c
     q, k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(3))
     results["attention"] = T2.attention(q, k, v, True, 0.3)
+    surface = torch.empty(10, 16)
+    T3.surface_kernel[(1,)](torch.randn(16, generator=g), surface, 4242, N=16)
+    results["surface"] = surface
     results["mode"] = type(T.add_kernel).__name__
     return results
 
@@ -80,5 +84,6 @@ def test_tilegen_matches_the_interpreter(interpreted):
     assert reference["mode"] == "InterpretedFunction" and ours["mode"] == "JITFunction"
     assert torch.equal(ours["dropout"], reference["dropout"])  # Philox, bit for bit
     assert torch.equal(ours["add"], reference["add"])
-    for name in ("softmax", "matmul", "attention"):
+    for name in ("softmax", "matmul", "attention", "surface"):
         torch.testing.assert_close(ours[name], reference[name], rtol=1e-3, atol=1e-3)
+    assert torch.equal(ours["surface"][6], reference["surface"][6])  # randint, bit for bit

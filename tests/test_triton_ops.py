@@ -295,3 +295,59 @@ def test_device_assert_raises_in_debug_mode():
     x[13] = -1.0
     with pytest.raises(KernelAssertionError, match=r"x must be positive.*element 13"):
         asserting[(1,)](x, 20, BLOCK=32, debug=True)
+
+
+@triton.jit
+def surface_kernel(x_ptr, out_ptr, seed, N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(x_ptr + r)
+    row = 0
+    tl.store(out_ptr + row * N + r, tl.clamp(x, -0.5, 0.5))
+    row += 1
+    tl.store(out_ptr + row * N + r, tl.sqrt_rn(tl.abs(x)) + tl.div_rn(x, 3.0))
+    row += 1
+    tl.store(out_ptr + row * N + r, tl.cumprod(x, axis=0))
+    row += 1
+    tl.store(out_ptr + row * N + r, tl.cumsum(x, axis=0, reverse=True))
+    row += 1
+    tl.store(out_ptr + row * N + r, tl.zeros([N], tl.float32) + tl.argmin(x, axis=0))
+    row += 1
+    tl.store(out_ptr + row * N + r, tl.randn(seed, r))
+    row += 1
+    tl.store(out_ptr + row * N + r, (tl.randint(seed, r) & 0xFF).to(tl.float32))
+    row += 1
+    acc = tl.zeros([N], tl.float32)
+    for i in tl.static_range(3):
+        acc += x * i
+    tl.store(out_ptr + row * N + r, acc)
+    row += 1
+    tl.store(out_ptr + row * N + r, tl.umulhi(r.to(tl.uint32) * 123456789, r.to(tl.uint32) + 7)
+             .to(tl.float32))
+    row += 1
+    tl.store(out_ptr + row * N + r, tl.math.erf(x) + tl.math.log2(tl.abs(x) + 1.0))
+
+
+def test_language_surface_against_torch():
+    import numpy as np
+
+    torch.manual_seed(9)
+    n = 16
+    x = torch.randn(n)
+    out = torch.empty(10, n)
+    seed = 77
+    surface_kernel[(1,)](x, out, seed, N=n)
+    assert torch.equal(out[0], x.clamp(-0.5, 0.5))
+    torch.testing.assert_close(out[1], x.abs().sqrt() + x / 3.0)
+    torch.testing.assert_close(out[2], torch.cumprod(x, 0))
+    torch.testing.assert_close(out[3], x.flip(0).cumsum(0).flip(0))
+    assert torch.equal(out[4], torch.full((n,), float(x.argmin())))
+    # randn and randint: the same Philox stream as the interpreter; here the statistics and
+    # the independent NumPy Philox of tutorial 04's test for randint's low byte
+    from tests.test_triton_tutorials import _philox_uniform_reference  # noqa: F401
+    assert out[5].abs().max() < 6 and out[5].std() > 0.3
+    assert ((out[6] >= 0) & (out[6] < 256)).all() and out[6].unique().numel() > 8
+    torch.testing.assert_close(out[7], 3 * x)
+    r = np.arange(n, dtype=np.uint64)
+    hi = ((((r * 123456789) & 0xFFFFFFFF) * (r + 7)) >> 32).astype(np.float32)
+    assert np.array_equal(out[8].numpy(), hi)
+    torch.testing.assert_close(out[9], torch.erf(x) + torch.log2(x.abs() + 1))
