@@ -245,8 +245,10 @@ class ProgramEmitter:
         if kind in ("map", "addptr"):
             args = [self.load_chunk(v, index, width) for v in lazy.operands]
             if kind == "addptr":
+                assert isinstance(lazy.payload, int)
                 return self._advance(args[0], args[1], lazy.payload, width)
             op = lazy.op
+            assert op is not None
             return self.ew.emit(self.b, op.name, op.attrs, args,
                                 [v.type.elem for v in op.operands], elem)
         if kind == "view":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import struct
+from typing import Any
 
 from .tileir import Block, Loc, Op, Param, Program, TileError, TileType, Value
 
@@ -94,7 +95,7 @@ class _ModuleTree:
     def __init__(self, module):
         self.ops: list = []
         self.block_ops: dict[int, list] = {}
-        self.block_objects: dict[int, object] = {}
+        self.block_objects: dict[int, Any] = {}
         self.region_blocks: dict[int, list[int]] = {}
         self.op_regions: dict[int, list[int]] = {}
         self.root_block: int | None = None
@@ -214,6 +215,13 @@ def _arg_divisibility(func_line: str, count: int) -> list[int]:
     return result
 
 
+def _search(pattern: str, text: str) -> re.Match:
+    match = re.search(pattern, text)
+    if match is None:
+        raise ValueError(f"no match for {pattern!r}")
+    return match
+
+
 def _int_attr(handle, key: str) -> int:
     value = handle.get_int_attr(key)
     if value is None:
@@ -228,7 +236,7 @@ def _attributes(name: str, handle, line: str, results) -> tuple[tuple[str, objec
     if name == "arith.cmpi":
         return (("predicate", _CMPI[_int_attr(handle, "predicate")]),)
     if name == "arith.cmpf":
-        return (("predicate", re.search(r"arith\.cmpf (\w+)", body).group(1)),)
+        return (("predicate", _search(r"arith\.cmpf (\w+)", body).group(1)),)
     if name in ("tt.get_program_id", "tt.get_num_programs"):
         return (("axis", _int_attr(handle, "axis")),)
     if name == "tt.make_range":
@@ -239,25 +247,25 @@ def _attributes(name: str, handle, line: str, results) -> tuple[tuple[str, objec
         return (("axis", _int_attr(handle, "axis")),
                 ("reverse", bool(handle.get_bool_attr("reverse"))))
     if name == "tt.trans":
-        order = re.search(r"order = array<i32: ([^>]*)>", body).group(1)
+        order = _search(r"order = array<i32: ([^>]*)>", body).group(1)
         return (("order", tuple(int(x) for x in order.split(","))),)
     if name == "tt.atomic_rmw":
-        match = re.search(r"tt\.atomic_rmw (\w+), (\w+), (\w+)", body)
+        match = _search(r"tt\.atomic_rmw (\w+), (\w+), (\w+)", body)
         return (("kind", match.group(1)), ("sem", match.group(2)), ("scope", match.group(3)))
     if name == "tt.atomic_cas":
-        match = re.search(r"tt\.atomic_cas (\w+), (\w+)", body)
+        match = _search(r"tt\.atomic_cas (\w+), (\w+)", body)
         return (("sem", match.group(1)), ("scope", match.group(2)))
     if name == "tt.extern_elementwise":
-        symbol = re.search(r'symbol = "([^"]*)"', body).group(1)
+        symbol = _search(r'symbol = "([^"]*)"', body).group(1)
         return (("symbol", symbol),)
     if name == "tt.fp_to_fp":
-        match = re.search(r"rounding = (\w+)", body)
-        return (("rounding", match.group(1) if match else "rtne"),)
+        rounding = re.search(r"rounding = (\w+)", body)
+        return (("rounding", rounding.group(1) if rounding else "rtne"),)
     if name == "arith.select" or name.startswith("math.") or name.startswith("arith."):
         return ()
     if name in ("tt.print", "tt.assert"):
-        match = re.search(r'"((?:[^"\\]|\\.)*)"', body)
-        return (("message", match.group(1) if match else ""),)
+        message = re.search(r'"((?:[^"\\]|\\.)*)"', body)
+        return (("message", message.group(1) if message else ""),)
     if name == "tt.histogram":
         return ()
     return ()
