@@ -351,3 +351,21 @@ def test_language_surface_against_torch():
     hi = ((((r * 123456789) & 0xFFFFFFFF) * (r + 7)) >> 32).astype(np.float32)
     assert np.array_equal(out[8].numpy(), hi)
     torch.testing.assert_close(out[9], torch.erf(x) + torch.log2(x.abs() + 1))
+
+
+@triton.jit
+def strided_reads(x_ptr, out_ptr, STRIDE: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.arange(0, 8)
+    cols = tl.arange(0, BLOCK)
+    # last-axis strides the analysis proves: STRIDE elements, then 0 (a row broadcast)
+    strided = tl.load(x_ptr + rows[:, None] * BLOCK + cols[None, :] * STRIDE)
+    repeated = tl.load(x_ptr + rows[:, None] + cols[None, :] * 0)
+    tl.store(out_ptr + rows[:, None] * BLOCK + cols[None, :], strided + repeated * 1000.0)
+
+
+def test_loads_with_constant_strides():
+    x = torch.arange(8 * 16 * 3, dtype=torch.float32)
+    out = torch.empty(8, 16)
+    strided_reads[(1,)](x, out, STRIDE=3, BLOCK=16)
+    rows, cols = torch.arange(8)[:, None], torch.arange(16)[None, :]
+    assert torch.equal(out, x[rows * 16 + cols * 3] + x[rows + 0 * cols] * 1000.0)
