@@ -369,3 +369,27 @@ def test_loads_with_constant_strides():
     strided_reads[(1,)](x, out, STRIDE=3, BLOCK=16)
     rows, cols = torch.arange(8)[:, None], torch.arange(16)[None, :]
     assert torch.equal(out, x[rows * 16 + cols * 3] + x[rows + 0 * cols] * 1000.0)
+
+
+@triton.jit
+def transposed_tile(x_ptr, out_ptr, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    # x is column-major: the tile is contiguous down its columns
+    tile = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask,
+                   other=-7.0)
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], tile * 2.0, mask=mask)
+
+
+@pytest.mark.parametrize("M,N,block_m,block_n", [(37, 45, 16, 32), (64, 64, 32, 16),
+                                                 (5, 70, 4, 64)])
+def test_column_contiguous_loads(M, N, block_m, block_n):
+    torch.manual_seed(6)
+    x = torch.randn(N, M).t()  # strides (1, M)
+    out = torch.full((M, N), 99.0)
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    transposed_tile[grid](x, out, M, N, x.stride(0), x.stride(1), BLOCK_M=block_m,
+                          BLOCK_N=block_n)
+    assert torch.equal(out, x * 2.0)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from . import bounds, memory, shapes, tiles
-from .analysis import last_axis_strides
+from .analysis import axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
     I1,
@@ -90,7 +90,10 @@ class ProgramEmitter:
         self.module = module
         self.debug = debug
         self.ew = Elementwise(module)
-        self.strides, self.constants = last_axis_strides(program)
+        self.axis_strides = axis_strides(program)
+        # the last axis's stride of each integer and pointer tile (loads and stores)
+        self.strides = {key: value[-1] for key, value in self.axis_strides.items() if value}
+        self.current_op: Op | None = None
         self.frame_bytes = 0
         self.env: dict[int, object] = {}
         self.region_width = 0  # >0 while a combine region runs on vectors
@@ -159,6 +162,7 @@ class ProgramEmitter:
 
     def op(self, op: Op) -> None:
         name = op.name
+        self.current_op = op
         try:
             handler = _HANDLERS.get(name)
             if handler is not None:

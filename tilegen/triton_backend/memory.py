@@ -121,8 +121,62 @@ def load(e, op) -> None:
                 raw = gather(chunk, lane_mask, passthru, vector_ty, width)
         e.store_chunk(out, index, _to_value(e, raw, elem))
 
-    e.chunks(result.type, body)
+    if _column_contiguous(e, pointer, result.type, align):
+        _transposing_load(e, result.type, out, addresses, masks, others, memory_ty, align,
+                          vector_load, elem)
+    else:
+        e.chunks(result.type, body)
     e.env[result.id] = out
+
+
+def _column_contiguous(e, pointer, type_, size: int) -> bool:
+    """Contiguous along the axis before the last, strided along the last (a transposed
+    read such as attention's K^T), with square blocks of at least 4 x 4."""
+    strides = e.axis_strides.get(pointer.id, ())
+    return len(strides) >= 2 and strides[-2] == size and strides[-1] != size and \
+        min(16, type_.shape[-1], type_.shape[-2]) >= 4
+
+
+def _transposing_load(e, type_, out, addresses, masks, others, memory_ty, align,
+                      vector_load, elem) -> None:
+    """Read W x W blocks as W contiguous columns and transpose them in registers (the
+    packed gemm's shuffle transpose) into W rows of the tile."""
+    from ..gemm import _transpose
+
+    rows, columns = type_.shape[-2:]
+    width = min(16, rows, columns)
+    vector_ty = ir.VectorType(memory_ty, width)
+    outer = type_.numel // (rows * columns)
+
+    def lanes_of(value, first, step):
+        """A vector of `value`'s elements at first, first + step, ... (read one by one)."""
+        vector = ir.Constant(ir.VectorType(e.load_element(value, first).type, width), None)
+        for k in range(width):
+            at = e.b.add(first, ir.Constant(I64, k * step))
+            vector = e.b.insert_element(vector, e.load_element(value, at),
+                                        ir.Constant(I32, k))
+        return vector
+
+    def block(o, row_block, column_block):
+        base = e.b.add(e.b.mul(o, ir.Constant(I64, rows * columns)),
+                       e.b.add(e.b.mul(row_block, ir.Constant(I64, width * columns)),
+                               e.b.mul(column_block, ir.Constant(I64, width))))
+        column_vectors = []
+        for j in range(width):
+            first = e.b.add(base, ir.Constant(I64, j))
+            lane_mask = lanes_of(masks, first, columns) if masks is not None else None
+            passthru = _to_memory(e, lanes_of(others, first, columns), elem) \
+                if others is not None else ir.Constant(vector_ty, None)
+            address = e.load_element(addresses, first)
+            e.check_bounds(e.current_op, address, lane_mask, width, align, contiguous=True)
+            column_vectors.append(vector_load(address, lane_mask, passthru, vector_ty))
+        for k, row in enumerate(_transpose(e.b, column_vectors)):
+            e.store_chunk(out, e.b.add(base, ir.Constant(I64, k * columns)),
+                          _to_value(e, row, elem))
+
+    e.loop(outer, lambda o: e.loop(rows // width, lambda rb: e.loop(
+        columns // width, lambda cb: block(o, rb, cb), unroll=False), unroll=False),
+        unroll=False)
 
 
 def _scalar_load(e, op, pointer, mask, other, memory_ty, align) -> ir.Value:
