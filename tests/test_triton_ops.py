@@ -393,3 +393,24 @@ def test_column_contiguous_loads(M, N, block_m, block_n):
     transposed_tile[grid](x, out, M, N, x.stride(0), x.stride(1), BLOCK_M=block_m,
                           BLOCK_N=block_n)
     assert torch.equal(out, x * 2.0)
+
+
+def test_driver_yields_to_an_active_gpu_backend(monkeypatch):
+    import triton.backends as backends
+
+    from tilegen.triton_backend.driver import TilegenDriver
+
+    class ActiveGpuDriver:
+        @staticmethod
+        def is_active():
+            return True
+
+    monkeypatch.delenv("TRITON_DEFAULT_BACKEND", raising=False)
+    assert TilegenDriver.is_active()
+    monkeypatch.setitem(backends.backends, "fakegpu",
+                        backends.Backend(compiler=object, driver=ActiveGpuDriver))
+    assert not TilegenDriver.is_active()  # the GPU stays the default
+    monkeypatch.setenv("TRITON_DEFAULT_BACKEND", "tilegen")
+    assert TilegenDriver.is_active()  # unless tilegen is asked for
+    monkeypatch.setenv("TILEGEN_TRITON_DISABLE", "1")
+    assert not TilegenDriver.is_active()

@@ -229,7 +229,17 @@ class TilegenDriver(DriverBase):
 
     @staticmethod
     def is_active() -> bool:
-        return os.environ.get("TILEGEN_TRITON_DISABLE", "") != "1"
+        """Active unless disabled, or unless another backend's device is (a CUDA or ROCm
+        machine keeps its GPU by default; TRITON_DEFAULT_BACKEND=tilegen selects us)."""
+        if os.environ.get("TILEGEN_TRITON_DISABLE", "") == "1":
+            return False
+        selected = os.environ.get("TRITON_DEFAULT_BACKEND", "")
+        if selected:
+            return selected == BACKEND_NAME
+        from triton.backends import backends
+
+        return not any(backend.driver.is_active() for name, backend in backends.items()
+                       if name != BACKEND_NAME)
 
     def map_python_to_cpp_type(self, ty: str) -> str:
         return "void*" if ty.startswith("*") else {"i1": "bool", "i32": "int32_t",
