@@ -12,16 +12,10 @@ values' strides and are iterated to a fixed point.
 
 from __future__ import annotations
 
-from .tileir import Block, Op, Program, TileType
+from .tileir import Block, Op, Program, TileType, element_bytes
 
 Stride = int | None
 Strides = dict[int, tuple[Stride, ...]]
-
-
-def pointer_bytes(elem: str) -> int:
-    """Bytes per element behind a `ptr<elem>` (booleans are stored as bytes)."""
-    return {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "f32": 4,
-            "f64": 8}.get(elem, 8)
 
 
 def axis_strides(program: Program) -> Strides:
@@ -146,7 +140,7 @@ class _State:
                 return tuple(None if y is None else y * ca for y in b)
             return tuple(0 if x == 0 and y == 0 else None for x, y in zip(a, b, strict=True))
         if name == "tt.addptr":
-            size = pointer_bytes(type_.pointee)
+            size = element_bytes(type_.pointee)
             return _combine(self.get(operands[0]), self.get(operands[1]),
                             lambda p, o: p + o * size)
         if name in ("arith.extsi", "arith.extui", "arith.trunci", "arith.index_cast",

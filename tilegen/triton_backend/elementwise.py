@@ -11,7 +11,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..vecmath import MathLibrary
-from .tileir import FLOAT_ELEMS, TileError
+from .tileir import ELEM_BITS, FLOAT_ELEMS, TileError
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -274,7 +274,7 @@ class Elementwise:
         if name in ("arith.extsi", "arith.index_cast"):
             if value.type == result_ty:
                 return value
-            if _bits(source) > _bits(target):
+            if ELEM_BITS[source] > ELEM_BITS[target]:
                 return b.trunc(value, result_ty)
             return b.sext(value, result_ty)
         if name == "arith.extui":
@@ -301,9 +301,9 @@ class Elementwise:
         if target == "bf16":
             if source != "f32":
                 value = b.fpext(value, of_width(ir.FloatType(), width)) \
-                    if _bits(source) < 32 else b.fptrunc(value, of_width(ir.FloatType(), width))
+                    if ELEM_BITS[source] < 32 else b.fptrunc(value, of_width(ir.FloatType(), width))
             return f32_to_bf16(b, value, width)
-        if _bits(target) > _bits(source):
+        if ELEM_BITS[target] > ELEM_BITS[source]:
             return b.fpext(value, result_ty)
         return b.fptrunc(value, result_ty)
 
@@ -326,11 +326,6 @@ def f32_to_bf16(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
 
 def _width(value: ir.Value) -> int:
     return value.type.count if isinstance(value.type, ir.VectorType) else 0
-
-
-def _bits(elem: str) -> int:
-    return {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64, "f16": 16, "bf16": 16,
-            "f32": 32, "f64": 64}[elem]
 
 
 def type_suffix(ty: ir.Type) -> str:

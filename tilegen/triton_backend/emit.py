@@ -37,7 +37,7 @@ from .elementwise import (
     splat_constant,
     storage_type,
 )
-from .tileir import Block, Op, Program, TileError, TileType, Value, walk
+from .tileir import Block, Op, Program, TileError, TileType, Value, element_bytes, walk
 
 CHUNK = 16  # lanes of a vector chunk (one AVX-512 register of f32)
 UNROLL_CHUNKS = 4
@@ -183,7 +183,7 @@ class ProgramEmitter:
     # ---- frame and chunks -----------------------------------------------------------------
 
     def alloc(self, type_: TileType) -> Tile:
-        size = type_.numel * _storage_bytes(type_.elem)
+        size = type_.numel * element_bytes(type_.elem)
         offset = self.frame_bytes
         self.frame_bytes += -(-size // 64) * 64
         return Tile(offset, type_)
@@ -202,7 +202,7 @@ class ProgramEmitter:
     def _load_tile(self, tile: Tile, index: ir.Value, width: int) -> ir.Value:
         pointer = self.address(tile, index)
         raw = self.b.load(pointer, typ=of_width(tile.storage, width),
-                          align=_storage_bytes(tile.type.elem))
+                          align=element_bytes(tile.type.elem))
         if tile.type.elem == "i1":
             return self.b.trunc(raw, of_width(I1, width))
         return raw
@@ -210,7 +210,7 @@ class ProgramEmitter:
     def store_chunk(self, tile: Tile, index: ir.Value, value: ir.Value) -> None:
         if tile.type.elem == "i1":
             value = self.b.zext(value, of_width(tile.storage, _lanes(value)))
-        self.b.store(value, self.address(tile, index), align=_storage_bytes(tile.type.elem))
+        self.b.store(value, self.address(tile, index), align=element_bytes(tile.type.elem))
 
     def load_element(self, value, index: ir.Value) -> ir.Value:
         return self.load_chunk(value, index, 0)
@@ -402,7 +402,7 @@ class ProgramEmitter:
 
     def addptr(self, op: Op) -> None:
         result = op.result
-        size = _pointee_bytes(result.type.pointee)
+        size = element_bytes(result.type.pointee)
         if not result.type.shape:
             self.env[result.id] = self._advance(self.env[op.operands[0].id],
                                                 self.env[op.operands[1].id], size, 0)
@@ -443,16 +443,6 @@ def _use_counts(block: Block) -> dict[int, int]:
 
 def _lanes(value: ir.Value) -> int:
     return value.type.count if isinstance(value.type, ir.VectorType) else 0
-
-
-def _storage_bytes(elem: str) -> int:
-    return 8 if elem.startswith("ptr<") else max(1, {"i1": 1, "i8": 1, "i16": 2, "i32": 4,
-                                                      "i64": 8, "f16": 2, "bf16": 2,
-                                                      "f32": 4, "f64": 8}[elem])
-
-
-def _pointee_bytes(elem: str) -> int:
-    return 8 if elem.startswith("ptr<") else _storage_bytes(elem)
 
 
 def values_of(emitter: ProgramEmitter, values: list[Value]) -> list:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from .elementwise import I1, I32, I64, PTR, of_width, splat_constant, storage_type, type_suffix
+from .tileir import element_bytes
 
 
 def chunk_width(type_) -> int:
@@ -61,8 +62,7 @@ def load(e, op) -> None:
     result = op.result
     elem = result.type.elem
     memory_ty = _memory_type(elem)
-    align = max(1, memory_ty.width // 8 if isinstance(memory_ty, ir.IntType)
-                else {"half": 2, "bfloat": 2, "float": 4, "double": 8}[str(memory_ty)])
+    align = element_bytes(elem)
     if not result.type.shape:
         e.env[result.id] = _scalar_load(e, op, pointer, mask, other, memory_ty, align)
         return
@@ -206,7 +206,7 @@ def store(e, op) -> None:
     pointer, value, mask = (list(op.operands) + [None])[:3]
     elem = value.type.elem
     memory_ty = _memory_type(elem)
-    align = _align(memory_ty)
+    align = element_bytes(elem)
     if not value.type.shape:
         address = e.env[pointer.id]
         data = _to_memory(e, e.env[value.id], elem)
@@ -266,12 +266,6 @@ def store(e, op) -> None:
     e.chunks(value.type, body)
 
 
-def _align(ty: ir.Type) -> int:
-    if isinstance(ty, ir.IntType):
-        return max(1, ty.width // 8)
-    return {"half": 2, "bfloat": 2, "float": 4, "double": 8}[str(ty)]
-
-
 def atomic_rmw(e, op) -> None:
     kind = op.attr("kind")
     if kind not in _RMW:
@@ -285,7 +279,7 @@ def atomic_rmw(e, op) -> None:
 
     def one(address, data, active):
         def run():
-            e.check_bounds(op, address, None, 0, _align(_memory_type(elem)))
+            e.check_bounds(op, address, None, 0, element_bytes(elem))
             return e.b.atomic_rmw(rmw, e.b.inttoptr(address, PTR), data, "seq_cst")
         return _guarded(e, active, run, data.type)
 
@@ -297,7 +291,7 @@ def atomic_cas(e, op) -> None:
 
     def one(address, expected, data, active):
         def run():
-            e.check_bounds(op, address, None, 0, _align(_memory_type(value.type.elem)))
+            e.check_bounds(op, address, None, 0, element_bytes(value.type.elem))
             pair = e.b.cmpxchg(e.b.inttoptr(address, PTR), expected, data, "seq_cst",
                                "seq_cst")
             return e.b.extract_value(pair, 0)

@@ -18,6 +18,13 @@ ELEM_BITS = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64,
              "f16": 16, "bf16": 16, "f32": 32, "f64": 64}
 
 
+def element_bytes(elem: str) -> int:
+    """Bytes per element in memory: booleans are bytes, pointers 8-byte addresses."""
+    if elem.startswith("ptr<"):
+        return 8
+    return max(1, ELEM_BITS[elem] // 8)
+
+
 class TileError(Exception):
     """A kernel uses something the tilegen backend does not support; the message names the
     op and the kernel's source line."""
