@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .elementwise import I1, I64, PTR, of_width, splat_constant
+from .elementwise import I1, I64, PTR, splat_constant
 
 
 def emit_check(e, op, addresses, mask, width: int, size: int, contiguous: bool) -> None:
@@ -26,7 +26,6 @@ def emit_check(e, op, addresses, mask, width: int, size: int, contiguous: bool) 
         steps = ir.Constant(ir.VectorType(I64, width),
                             [ir.Constant(I64, k * size) for k in range(width)])
         addresses = b.add(e.splat(addresses, width), steps)
-    vector_ty = of_width(I64, lanes)
     table_slot = b.gep(e.status, [ir.Constant(I64, 3)], source_etype=I64)
     table = b.inttoptr(b.load(table_slot, typ=I64), PTR)
     count = b.load(table, typ=I64)
@@ -64,7 +63,6 @@ def emit_check(e, op, addresses, mask, width: int, size: int, contiguous: bool) 
         b.store(bad_address, b.gep(status, [ir.Constant(I64, 2)], source_etype=I64))
         b.store(ir.Constant(I64, 1), status)
         b.ret_void()
-    del vector_ty
 
 
 def device_assert(e, op) -> None:

@@ -381,12 +381,11 @@ class ProgramEmitter:
 
     def constant(self, op: Op) -> None:
         result = op.result
-        ty = scalar_type(result.type.elem)
         value = op.attr("value")
         if not result.type.shape:
-            self.env[result.id] = splat_constant(ty, value, self.region_width)
+            self.env[result.id] = splat_constant(scalar_type(result.type.elem), value,
+                                                 self.region_width)
             return
-        del ty
         self.env[result.id] = Lazy(result.type, "const", payload=value)
 
     def splat_op(self, op: Op) -> None:
@@ -443,10 +442,6 @@ def _use_counts(block: Block) -> dict[int, int]:
 
 def _lanes(value: ir.Value) -> int:
     return value.type.count if isinstance(value.type, ir.VectorType) else 0
-
-
-def values_of(emitter: ProgramEmitter, values: list[Value]) -> list:
-    return [emitter.env[v.id] for v in values]
 
 
 _HANDLERS = {

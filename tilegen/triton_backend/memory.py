@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .elementwise import I1, I32, I64, PTR, of_width, splat_constant, storage_type, type_suffix
+from .elementwise import (
+    I1,
+    I32,
+    I64,
+    PTR,
+    of_width,
+    scalar_type,
+    splat_constant,
+    storage_type,
+    type_suffix,
+)
 from .tileir import element_bytes
 
 
@@ -186,8 +196,7 @@ def _scalar_load(e, op, pointer, mask, other, memory_ty, align) -> ir.Value:
         e.check_bounds(op, address, None, 0, align)
         return _to_value(e, e.b.load(e.b.inttoptr(address, PTR), typ=memory_ty, align=align),
                          elem)
-    fallback = e.env[other.id] if other is not None else ir.Constant(
-        op_type(elem), None)
+    fallback = e.env[other.id] if other is not None else ir.Constant(scalar_type(elem), None)
     slot = e.entry_alloca(fallback.type)
     e.b.store(fallback, slot)
     with e.b.if_then(e.env[mask.id]):
@@ -195,11 +204,6 @@ def _scalar_load(e, op, pointer, mask, other, memory_ty, align) -> ir.Value:
         raw = e.b.load(e.b.inttoptr(address, PTR), typ=memory_ty, align=align)
         e.b.store(_to_value(e, raw, elem), slot)
     return e.b.load(slot)
-
-
-def op_type(elem: str) -> ir.Type:
-    from .elementwise import scalar_type
-    return scalar_type(elem)
 
 
 def store(e, op) -> None:
@@ -337,4 +341,3 @@ def _per_lane(e, op, operands, mask, one) -> None:
 
 HANDLERS = {"tt.load": load, "tt.store": store, "tt.atomic_rmw": atomic_rmw,
             "tt.atomic_cas": atomic_cas}
-_ = I64
