@@ -444,3 +444,112 @@ def test_persistent_matmul():
                                (a.float() @ b.float()).half().float(), rtol=2e-3, atol=2e-3)
 
 
+
+
+# ---- 06 fused attention, with tensor descriptors made in the kernel -------------------------
+
+@triton.jit
+def _maybe_make_tensor_desc(desc_or_ptr, shape, strides, block_shape):
+    if isinstance(desc_or_ptr, tl.tensor_descriptor):
+        return desc_or_ptr
+    else:
+        return tl.make_tensor_descriptor(desc_or_ptr, shape, strides, block_shape)
+
+
+@triton.jit
+def _attn_fwd_inner_desc(acc, l_i, m_i, q, desc_k, desc_v, offset_y, dtype: tl.constexpr,
+                         start_m, qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_N: tl.constexpr, STAGE: tl.constexpr, offs_m: tl.constexpr,
+                         offs_n: tl.constexpr, N_CTX: tl.constexpr):
+    if STAGE == 1:
+        lo, hi = 0, start_m * BLOCK_M
+    elif STAGE == 2:
+        lo, hi = start_m * BLOCK_M, (start_m + 1) * BLOCK_M
+        lo = tl.multiple_of(lo, BLOCK_M)
+    else:
+        lo, hi = 0, N_CTX
+    offsetk_y = offset_y + lo
+    offsetv_y = offset_y + lo
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = desc_k.load([offsetk_y, 0]).T
+        qk = tl.dot(q, k)
+        if STAGE == 2:
+            mask = offs_m[:, None] >= (start_n + offs_n[None, :])
+            qk = qk * qk_scale + tl.where(mask, 0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk -= m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_ij = tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = desc_v.load([offsetv_y, 0])
+        p = p.to(dtype)
+        acc = tl.dot(p, v, acc)
+        l_i = l_i * alpha + l_ij
+        m_i = m_ij
+        offsetk_y += BLOCK_N
+        offsetv_y += BLOCK_N
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_desc(sm_scale, M, Z, H, desc_q, desc_k, desc_v, desc_o, N_CTX,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   STAGE: tl.constexpr):
+    dtype = tl.float32
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = off_hz // H
+    off_h = off_hz % H
+    y_dim = Z * H * N_CTX
+    desc_q = _maybe_make_tensor_desc(desc_q, shape=[y_dim, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                     block_shape=[BLOCK_M, HEAD_DIM])
+    desc_v = _maybe_make_tensor_desc(desc_v, shape=[y_dim, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                     block_shape=[BLOCK_N, HEAD_DIM])
+    desc_k = _maybe_make_tensor_desc(desc_k, shape=[y_dim, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                     block_shape=[BLOCK_N, HEAD_DIM])
+    desc_o = _maybe_make_tensor_desc(desc_o, shape=[y_dim, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                     block_shape=[BLOCK_M, HEAD_DIM])
+    offset_y = off_z * (N_CTX * H) + off_h * N_CTX
+    qo_offset_y = offset_y + start_m * BLOCK_M
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale
+    qk_scale *= 1.44269504
+    q = desc_q.load([qo_offset_y, 0])
+    if STAGE & 1:
+        acc, l_i, m_i = _attn_fwd_inner_desc(acc, l_i, m_i, q, desc_k, desc_v, offset_y, dtype,
+                                             start_m, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N,
+                                             4 - STAGE, offs_m, offs_n, N_CTX)
+    if STAGE & 2:
+        acc, l_i, m_i = _attn_fwd_inner_desc(acc, l_i, m_i, q, desc_k, desc_v, offset_y, dtype,
+                                             start_m, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N,
+                                             2, offs_m, offs_n, N_CTX)
+    m_i += tl.math.log2(l_i)
+    acc = acc / l_i[:, None]
+    m_ptrs = M + off_hz * N_CTX + offs_m
+    tl.store(m_ptrs, m_i)
+    desc_o.store([qo_offset_y, 0], acc.to(dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_with_tensor_descriptors(causal):
+    torch.manual_seed(21)
+    Z, H, N_CTX, HEAD_DIM = 1, 2, 128, 32
+    q, k, v = (torch.randn(Z, H, N_CTX, HEAD_DIM) * 0.5 for _ in range(3))
+    o = torch.empty_like(q)
+    M = torch.empty((Z, H, N_CTX), dtype=torch.float32)
+    BLOCK_M, BLOCK_N = 32, 16
+    grid = (triton.cdiv(N_CTX, BLOCK_M), Z * H, 1)
+    _attn_fwd_desc[grid](0.4, M, Z, H, q, k, v, o, N_CTX, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
+                         BLOCK_N=BLOCK_N, STAGE=3 if causal else 1)
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                 scale=0.4)
+    torch.testing.assert_close(o, reference, rtol=1e-4, atol=1e-4)
