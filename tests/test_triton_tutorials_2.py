@@ -539,16 +539,25 @@ def _attn_fwd_desc(sm_scale, M, Z, H, desc_q, desc_k, desc_v, desc_o, N_CTX,
     desc_o.store([qo_offset_y, 0], acc.to(dtype))
 
 
+@pytest.mark.parametrize("host_descriptors", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fused_attention_with_tensor_descriptors(causal):
+def test_fused_attention_with_tensor_descriptors(causal, host_descriptors):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
     torch.manual_seed(21)
     Z, H, N_CTX, HEAD_DIM = 1, 2, 128, 32
     q, k, v = (torch.randn(Z, H, N_CTX, HEAD_DIM) * 0.5 for _ in range(3))
     o = torch.empty_like(q)
     M = torch.empty((Z, H, N_CTX), dtype=torch.float32)
     BLOCK_M, BLOCK_N = 32, 16
+    args = [q, k, v, o]
+    if host_descriptors:  # as the tutorial does where the target supports them
+        y_dim = Z * H * N_CTX
+        args = [TensorDescriptor(t, shape=[y_dim, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                 block_shape=[block, HEAD_DIM])
+                for t, block in zip(args, [BLOCK_M, BLOCK_N, BLOCK_N, BLOCK_M], strict=True)]
     grid = (triton.cdiv(N_CTX, BLOCK_M), Z * H, 1)
-    _attn_fwd_desc[grid](0.4, M, Z, H, q, k, v, o, N_CTX, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
+    _attn_fwd_desc[grid](0.4, M, Z, H, *args, N_CTX, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
                          BLOCK_N=BLOCK_N, STAGE=3 if causal else 1)
     reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                  scale=0.4)

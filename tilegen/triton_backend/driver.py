@@ -13,7 +13,7 @@ import time
 
 import llvmlite.binding as llvm
 from triton.backends.compiler import GPUTarget
-from triton.backends.driver import DriverBase
+from triton.backends.driver import DriverBase, decompose_descriptor
 
 from .. import target as host
 from .compiler import BACKEND_NAME
@@ -86,8 +86,10 @@ class TilegenLauncher:
             if kind == "constexpr" or position in constant_positions:
                 self.kinds.append(None)
                 continue
-            if isinstance(kind, tuple) or not isinstance(kind, str) or \
-                    kind.startswith("tensordesc"):
+            if isinstance(kind, str) and kind.startswith("tensordesc"):
+                self.kinds.append(kind)  # host-side TensorDescriptor: its decomposed form
+                continue
+            if isinstance(kind, tuple) or not isinstance(kind, str):
                 raise NotImplementedError(
                     f"kernel `{metadata.name}`: argument `{name}` of type {kind} is not "
                     "supported by the tilegen backend (pass tensors and scalars)")
@@ -116,6 +118,19 @@ class TilegenLauncher:
         tensors = []
         for kind, name, value in zip(self.kinds, self.names, args, strict=False):
             if kind is None:
+                continue
+            if kind.startswith("tensordesc"):
+                # base, shape, strides, padding, round-to-tf32, shape (i32), strides: the
+                # arguments libtriton's descriptor-to-pointer rewrite gave the kernel
+                parts = decompose_descriptor(value)
+                if len(slots) < count + len(parts) + len(args):
+                    grown = (ctypes.c_uint64 * (2 * (count + len(parts) + len(args))))()
+                    ctypes.memmove(grown, slots, ctypes.sizeof(slots))
+                    slots = grown
+                for index, part in enumerate(parts):
+                    slots[count] = _pack("*" if index == 0 else "i64", part, bounds)
+                    count += 1
+                tensors.append((name, parts[0]))
                 continue
             slots[count] = _pack(kind, value, bounds)
             if len(bounds) > len(tensors):

@@ -360,7 +360,10 @@ class ProgramEmitter:
             self.env[result.id] = self.ew.emit(self.b, op.name, op.attrs, args, elems,
                                                result.type.elem)
             return
-        sources = tuple(self.env[v.id] for v in op.operands)
+        # a scalar operand among tiles (arith.select's scalar condition) is a splat
+        sources = tuple(self.env[v.id] if v.type.shape else
+                        Lazy(TileType(v.type.elem, result.type.shape), "splat",
+                             payload=self.env[v.id]) for v in op.operands)
         own = 8 if op.name in _EXPENSIVE else 1
         self._keep(result, Lazy(result.type, "map", sources, op,
                                 cost=own + sum(_cost(s) for s in sources)))
