@@ -115,16 +115,30 @@ def test_atomic_cas_spin_lock():
 
 
 @triton.jit
-def uses_print(x_ptr, out_ptr):
+def uses_gather(x_ptr, out_ptr):
     x = tl.load(x_ptr + tl.arange(0, 16))
-    tl.device_print("x", x)
-    tl.store(out_ptr + tl.arange(0, 16), x)
+    tl.store(out_ptr + tl.arange(0, 16), tl.gather(x, tl.arange(0, 16) // 2, 0))
 
 
 def test_unsupported_op_names_op_and_line():
     x = torch.zeros(16, dtype=torch.int32)
-    with pytest.raises(TileError, match=r"tt.print.*uses_print.*test_triton_ops.py:\d+"):
-        uses_print[(1,)](x, x)
+    with pytest.raises(TileError, match=r"tt.gather.*uses_gather.*test_triton_ops.py:\d+"):
+        uses_gather[(1,)](x, x)
+
+
+@triton.jit
+def prints(x_ptr, n_ptr):
+    r = tl.arange(0, 4)
+    tl.device_print("x = ", tl.load(x_ptr + r), r)
+    tl.device_print("n", tl.load(n_ptr), hex=True)
+
+
+def test_device_print(capfd):
+    prints[(2,)](torch.tensor([0.5, -1.0, 2.0, 8.0]), torch.tensor([255], dtype=torch.int32))
+    lines = capfd.readouterr().out.splitlines()
+    assert "pid (1, 0, 0) idx (3) x =: 8 3" in lines  # Triton appends ": " to the prefix
+    assert "pid (0, 0, 0) idx (1) x =: -1 1" in lines
+    assert lines.count("pid (0, 0, 0) n: 0xff") == 1 and len(lines) == 10
 
 
 @triton.jit

@@ -1,5 +1,6 @@
-"""TRITON_DEBUG=1 bounds checks: every lane a load, store or atomic touches must lie inside
-one of the kernel's tensor arguments.
+"""Debugging ops. TRITON_DEBUG=1 bounds checks: every lane a load, store or atomic touches
+must lie inside one of the kernel's tensor arguments; also `tl.device_assert` and
+`tl.device_print`.
 
 The launcher passes a table of each tensor argument's storage range ([count, lo0, hi0,
 lo1, hi1, ...], its address in status[3]). A lane outside all of them stops its program
@@ -90,4 +91,68 @@ def device_assert(e, op) -> None:
            lambda index: check(index, e.load_element(condition, index)), unroll=False)
 
 
-HANDLERS = {"tt.assert": device_assert}
+def device_print(e, op) -> None:
+    """tt.print (tl.device_print): one line per element through the C library's printf,
+    `pid (x, y, z) idx (i, j) <prefix><value> ...`, flushed at once (the order of lines
+    from different programs follows the threads)."""
+    b = e.b
+    printf = e.module.globals.get("printf") or ir.Function(
+        e.module, ir.FunctionType(ir.IntType(32), [PTR], var_arg=True), "printf")
+    flush = e.ew.declare("fflush", ir.IntType(32), [PTR])
+    prefix = op.attr("message", "")
+    hexadecimal = op.attr("hex", False)
+    shape = next((v.type.shape for v in op.operands if v.type.shape), ())
+    index_text = ", ".join(["%lld"] * len(shape))
+    fields, conversions = [], []
+    for value in op.operands:
+        elem = value.type.elem
+        is_float = elem in ("f16", "bf16", "f32", "f64")
+        fields.append("%g" if is_float else ("0x%llx" if hexadecimal else "%lld"))
+        conversions.append((value, elem, is_float))
+    text = f"pid (%d, %d, %d) idx ({index_text}){prefix}{' '.join(fields)}\n"
+    if not shape:
+        text = f"pid (%d, %d, %d){prefix}{' '.join(fields)}\n"
+    format_string = _string_constant(e, text)
+
+    def line(index):
+        args = [format_string, *e.program_ids]
+        remaining = index
+        coordinates = []
+        for dim in reversed(shape):
+            coordinates.append(b.urem(remaining, ir.Constant(I64, dim)))
+            remaining = b.udiv(remaining, ir.Constant(I64, dim))
+        args += coordinates[::-1]
+        for value, elem, is_float in conversions:
+            scalar = e.load_element(e.env[value.id], index) if value.type.shape else \
+                e.env[value.id]
+            if is_float:
+                if elem == "bf16":
+                    from .elementwise import bf16_to_f32
+                    scalar = bf16_to_f32(b, scalar, 0)
+                scalar = b.fpext(scalar, ir.DoubleType()) if elem != "f64" else scalar
+            elif scalar.type != I64:
+                scalar = b.sext(scalar, I64) if scalar.type.width > 1 else b.zext(scalar, I64)
+            args.append(scalar)
+        b.call(printf, args)
+
+    if shape:
+        count = 1
+        for dim in shape:
+            count *= dim
+        e.loop(count, line, unroll=False)
+    else:
+        line(ir.Constant(I64, 0))
+    b.call(flush, [ir.Constant(PTR, None)])
+
+
+def _string_constant(e, text: str) -> ir.Value:
+    data = bytearray(text.encode()) + b"\0"
+    name = f"{e.program.name}.fmt{len(e.module.globals)}"
+    variable = ir.GlobalVariable(e.module, ir.ArrayType(ir.IntType(8), len(data)), name)
+    variable.global_constant = True
+    variable.linkage = "internal"
+    variable.initializer = ir.Constant(ir.ArrayType(ir.IntType(8), len(data)), data)
+    return variable
+
+
+HANDLERS = {"tt.assert": device_assert, "tt.print": device_print}

@@ -265,7 +265,11 @@ def _attributes(name: str, handle, line: str, results) -> tuple[tuple[str, objec
         return ()
     if name in ("tt.print", "tt.assert"):
         message = re.search(r'"((?:[^"\\]|\\.)*)"', body)
-        return (("message", message.group(1) if message else ""),)
+        attrs: tuple[tuple[str, object], ...] = (
+            ("message", message.group(1) if message else ""),)
+        if name == "tt.print":
+            attrs += (("hex", "hex = true" in body),)
+        return attrs
     if name == "tt.histogram":
         return ()
     return ()
