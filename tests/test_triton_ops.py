@@ -115,15 +115,35 @@ def test_atomic_cas_spin_lock():
 
 
 @triton.jit
-def uses_gather(x_ptr, out_ptr):
+def uses_inline_asm(x_ptr, out_ptr):
     x = tl.load(x_ptr + tl.arange(0, 16))
-    tl.store(out_ptr + tl.arange(0, 16), tl.gather(x, tl.arange(0, 16) // 2, 0))
+    y = tl.inline_asm_elementwise("mov $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True,
+                                  pack=1)
+    tl.store(out_ptr + tl.arange(0, 16), y)
 
 
 def test_unsupported_op_names_op_and_line():
     x = torch.zeros(16, dtype=torch.int32)
-    with pytest.raises(TileError, match=r"tt.gather.*uses_gather.*test_triton_ops.py:\d+"):
-        uses_gather[(1,)](x, x)
+    with pytest.raises(TileError, match=r"tt.elementwise_inline_asm.*uses_inline_asm.*"
+                                        r"test_triton_ops.py:\d+"):
+        uses_inline_asm[(1,)](x, x)
+
+
+@triton.jit
+def gathers(x_ptr, idx_ptr, out_ptr):
+    rows = tl.arange(0, 16)
+    x = tl.load(x_ptr + rows[:, None] * 8 + tl.arange(0, 8)[None, :])
+    idx = tl.load(idx_ptr + rows[:, None] * 4 + tl.arange(0, 4)[None, :])
+    tl.store(out_ptr + rows[:, None] * 4 + tl.arange(0, 4)[None, :], tl.gather(x, idx, 1))
+
+
+def test_gather_along_an_axis():
+    torch.manual_seed(8)
+    x = torch.randn(16, 8)
+    idx = torch.randint(0, 8, (16, 4), dtype=torch.int32)
+    out = torch.empty(16, 4)
+    gathers[(1,)](x, idx, out)
+    assert torch.equal(out, torch.gather(x, 1, idx.long()))
 
 
 @triton.jit

@@ -104,4 +104,37 @@ def histogram(e, op) -> None:
     e.env[op.result.id] = out
 
 
-HANDLERS = {"tt.join": join, "tt.split": split, "tt.cat": cat, "tt.histogram": histogram}
+def gather(e, op) -> None:
+    """out[..., i, ...] = src[..., index[..., i, ...], ...] along `axis` (tl.gather); an
+    index outside the source's extent reads nothing and gives 0 (the GPU's result there
+    is undefined)."""
+    source = e.materialize(e.env[op.operands[0].id])
+    indices = e.env[op.operands[1].id]
+    axis = op.attr("axis")
+    source_shape, shape = op.operands[0].type.shape, op.result.type.shape
+    source_strides = [1] * len(source_shape)
+    for d in range(len(source_shape) - 2, -1, -1):
+        source_strides[d] = source_strides[d + 1] * source_shape[d + 1]
+    out = e.alloc(op.result.type)
+
+    def element(flat):
+        remaining, at = flat, _const(0)
+        index = e.b.sext(e.load_element(indices, flat), I64)
+        inside = e.b.and_(e.b.icmp_signed(">=", index, _const(0)),
+                          e.b.icmp_signed("<", index, _const(source_shape[axis])))
+        for d in reversed(range(len(shape))):
+            coordinate = e.b.urem(remaining, _const(shape[d]))
+            remaining = e.b.udiv(remaining, _const(shape[d]))
+            if d == axis:
+                coordinate = e.b.select(inside, index, _const(0))
+            at = e.b.add(at, e.b.mul(coordinate, _const(source_strides[d])))
+        value = e.load_element(source, at)
+        zero = ir.Constant(value.type, None)
+        e.store_chunk(out, flat, e.b.select(inside, value, zero))
+
+    e.loop(op.result.type.numel, element, unroll=False)
+    e.env[op.result.id] = out
+
+
+HANDLERS = {"tt.join": join, "tt.split": split, "tt.cat": cat, "tt.histogram": histogram,
+            "tt.gather": gather}

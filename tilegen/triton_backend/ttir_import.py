@@ -241,7 +241,7 @@ def _attributes(name: str, handle, line: str, results) -> tuple[tuple[str, objec
         return (("axis", _int_attr(handle, "axis")),)
     if name == "tt.make_range":
         return (("start", _int_attr(handle, "start")), ("end", _int_attr(handle, "end")))
-    if name in ("tt.expand_dims", "tt.reduce", "tt.split"):
+    if name in ("tt.expand_dims", "tt.reduce", "tt.split", "tt.gather"):
         return (("axis", _int_attr(handle, "axis")),) if name != "tt.split" else ()
     if name == "tt.scan":
         return (("axis", _int_attr(handle, "axis")),
