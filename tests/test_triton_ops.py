@@ -448,3 +448,42 @@ def test_driver_yields_to_an_active_gpu_backend(monkeypatch):
     assert TilegenDriver.is_active()  # unless tilegen is asked for
     monkeypatch.setenv("TILEGEN_TRITON_DISABLE", "1")
     assert not TilegenDriver.is_active()
+
+
+@triton.jit
+def reduce_3d(x_ptr, out_ptr, cum_ptr, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr,
+              AXIS: tl.constexpr, OP: tl.constexpr):
+    a = tl.arange(0, A)[:, None, None]
+    b = tl.arange(0, B)[None, :, None]
+    c = tl.arange(0, C)[None, None, :]
+    x = tl.load(x_ptr + a * B * C + b * C + c)
+    if OP == 0:
+        r = tl.sum(x, axis=AXIS)
+    elif OP == 1:
+        r = tl.max(x, axis=AXIS)
+    elif OP == 2:
+        r = tl.min(x, axis=AXIS)
+    else:
+        r = tl.argmax(x, axis=AXIS).to(tl.float32)
+    if AXIS == 0:
+        tl.store(out_ptr + tl.arange(0, B)[:, None] * C + tl.arange(0, C)[None, :], r)
+    elif AXIS == 1:
+        tl.store(out_ptr + tl.arange(0, A)[:, None] * C + tl.arange(0, C)[None, :], r)
+    else:
+        tl.store(out_ptr + tl.arange(0, A)[:, None] * B + tl.arange(0, B)[None, :], r)
+    tl.store(cum_ptr + a * B * C + b * C + c, tl.cumsum(x, axis=AXIS))
+
+
+@settings(max_examples=20, deadline=None)
+@given(a=st.sampled_from([1, 2, 8]), b=st.sampled_from([1, 4, 16]), c=st.sampled_from([1, 2, 32]),
+       axis=st.integers(0, 2), op=st.integers(0, 3))
+def test_generated_reductions_and_scans_over_any_axis(a, b, c, axis, op):
+    generator = torch.Generator().manual_seed(a * 100 + b * 10 + c)
+    x = torch.randn(a, b, c, generator=generator)
+    shape = [a, b, c]
+    del shape[axis]
+    out, cum = torch.empty(*shape), torch.empty(a, b, c)
+    reduce_3d[(1,)](x, out, cum, A=a, B=b, C=c, AXIS=axis, OP=op)
+    expected = [x.sum(axis), x.amax(axis), x.amin(axis), x.argmax(axis).float()][op]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cum, x.cumsum(axis), rtol=1e-5, atol=1e-5)
