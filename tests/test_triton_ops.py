@@ -4,7 +4,7 @@ sizes, 2- and 3-D grids, reductions, scans and atomics under the parallel grid."
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
@@ -477,6 +477,7 @@ def reduce_3d(x_ptr, out_ptr, cum_ptr, A: tl.constexpr, B: tl.constexpr, C: tl.c
 @settings(max_examples=20, deadline=None)
 @given(a=st.sampled_from([1, 2, 8]), b=st.sampled_from([1, 4, 16]), c=st.sampled_from([1, 2, 32]),
        axis=st.integers(0, 2), op=st.integers(0, 3))
+@example(a=2, b=4, c=1, axis=0, op=3)  # lazy index tile read across rows of width 1
 def test_generated_reductions_and_scans_over_any_axis(a, b, c, axis, op):
     generator = torch.Generator().manual_seed(a * 100 + b * 10 + c)
     x = torch.randn(a, b, c, generator=generator)
@@ -487,3 +488,25 @@ def test_generated_reductions_and_scans_over_any_axis(a, b, c, axis, op):
     expected = [x.sum(axis), x.amax(axis), x.amin(axis), x.argmax(axis).float()][op]
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cum, x.cumsum(axis), rtol=1e-5, atol=1e-5)
+
+
+def test_tile_ir_verifier_rejects_malformed_programs():
+    from tilegen.triton_backend.tileir import Block, Op, Param, Program, TileType, Value
+    from tilegen.triton_backend.verify import verify_program
+
+    f32x4 = TileType("f32", (4,))
+    x, y = Value(0, f32x4), Value(1, f32x4)
+    ok = Program("k", (Param("x", x),), Block((x,), (
+        Op("arith.addf", (y,), (x, x)), Op("tt.return", (), ()))))
+    verify_program(ok)
+    undefined = Program("k", (Param("x", x),), Block((x,), (
+        Op("arith.addf", (y,), (x, Value(7, f32x4))),)))
+    with pytest.raises(TileError, match="used before it is defined"):
+        verify_program(undefined)
+    twice = Program("k", (Param("x", x),), Block((x,), (Op("arith.addf", (x,), (x, x)),)))
+    with pytest.raises(TileError, match="defined twice"):
+        verify_program(twice)
+    misshaped = Program("k", (Param("x", x),), Block((x,), (
+        Op("arith.addf", (Value(2, TileType("f32", (8,))),), (x, x)),)))
+    with pytest.raises(TileError, match="shape differs"):
+        verify_program(misshaped)

@@ -196,6 +196,9 @@ class ProgramEmitter:
     def load_chunk(self, value, index: ir.Value, width: int) -> ir.Value:
         """Lanes [index, index + width) of a tile (width 0: one element, as a scalar)."""
         if isinstance(value, Lazy):
+            last = value.type.shape[-1] if value.type.shape else 1
+            if width > last:  # a chunk over several rows (a reduction's inner dims)
+                return self._read_across_rows(value, index, width)
             return self._evaluate(value, index, width)
         return self._load_tile(value, index, width)
 

@@ -12,6 +12,7 @@ from .emit import ProgramEmitter
 from .grid import emit_launcher
 from .tileir import Program, TileError, format_program
 from .ttir_import import import_module
+from .verify import verify_program
 
 
 class TileText(str):
@@ -24,6 +25,7 @@ class TileText(str):
 def ttir_to_tile(module, metadata) -> TileText:
     name = module.get_entry_func_name()
     program = import_module(module, name, _param_names(module))
+    verify_program(program)
     text = TileText(format_program(program))
     text.program = program
     metadata["name"] = name
