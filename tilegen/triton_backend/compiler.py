@@ -1,0 +1,137 @@
+"""The tilegen backend's compiler: `ttir` (libtriton's own TTIR passes) -> `ttile` (our
+tile IR, printed) -> `llir` (LLVM IR from tilegen's code generator) -> `obj` (machine
+code for this CPU, the artifact Triton's disk cache keeps)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from triton._C.libtriton import ir, passes
+from triton.backends.compiler import BaseBackend, GPUTarget, Language
+
+BACKEND_NAME = "tilegen"
+
+
+@dataclass(frozen=True)
+class TilegenOptions:
+    # GPU knobs Triton and autotune configs pass: accepted, recorded, ignored.
+    num_warps: int = 4
+    num_ctas: int = 1
+    num_stages: int = 3
+    warp_size: int = 1
+    maxnreg: int | None = None
+    ir_override: str | None = None
+    enable_fp_fusion: bool = False
+    launch_cooperative_grid: bool = False
+    launch_pdl: bool = False
+    extern_libs: tuple | None = None
+    debug: bool = False
+    sanitize_overflow: bool = False
+    arch: str = ""
+    backend_name: str = BACKEND_NAME
+    instrumentation_mode: str = ""
+    fpsan_homomorphic_casts: bool = False
+    supported_fp8_dtypes: tuple[str, ...] = ()
+    deprecated_fp8_dot_operand_dtypes: tuple[str, ...] = ()
+    # tf32 and the split-precision modes are computed as exact fp32 (ieee).
+    default_dot_input_precision: str = "ieee"
+    allowed_dot_input_precisions: tuple[str, ...] = ("ieee", "tf32", "tf32x3", "bf16x3",
+                                                     "bf16x6")
+    max_num_imprecise_acc_default: int = 0
+
+    def hash(self) -> str:
+        key = "_".join(f"{name}-{value}" for name, value in sorted(self.__dict__.items()))
+        return hashlib.sha256(key.encode()).hexdigest()
+
+
+class TilegenBackend(BaseBackend):
+    binary_ext = "obj"
+
+    @staticmethod
+    def supports_target(target: GPUTarget) -> bool:
+        return target.backend == BACKEND_NAME
+
+    def __init__(self, target: GPUTarget) -> None:
+        super().__init__(target)
+        self.binary_ext = "obj"
+
+    def parse_options(self, options: dict) -> TilegenOptions:
+        fields = TilegenOptions.__dataclass_fields__
+        args = {k: v for k, v in options.items() if k in fields and v is not None}
+        args["arch"] = str(self.target.arch)
+        args["supported_fp8_dtypes"] = ()
+        if "extern_libs" in args:
+            args["extern_libs"] = tuple(dict(args["extern_libs"]).items())
+        return TilegenOptions(**args)
+
+    def pack_metadata(self, metadata):
+        return (metadata.num_warps, metadata.num_ctas, metadata.shared)
+
+    def get_codegen_implementation(self, options):
+        # Any dot shape is fine on the CPU.
+        return {"min_dot_size": lambda lhs_type, rhs_type: (1, 1, 1)}
+
+    def get_module_map(self) -> dict[str, ModuleType]:
+        from . import libdevice
+        return {"triton.language.extra.libdevice": libdevice}
+
+    def load_dialects(self, context) -> None:
+        pass
+
+    @staticmethod
+    def make_ttir(module, metadata, options):
+        pm = ir.pass_manager(module.context)
+        pm.enable_debug()
+        passes.common.add_inliner(pm)
+        passes.ttir.add_rewrite_tensor_descriptor_to_pointer(pm)
+        passes.common.add_canonicalizer(pm)
+        passes.ttir.add_combine(pm)
+        passes.ttir.add_reorder_broadcast(pm)
+        passes.common.add_cse(pm)
+        passes.common.add_symbol_dce(pm)
+        passes.ttir.add_loop_unroll(pm)
+        pm.run(module, "make_ttir")
+        return module
+
+    @staticmethod
+    def make_ttile(module, metadata, options):
+        from . import stages
+        return stages.ttir_to_tile(module, metadata)
+
+    @staticmethod
+    def make_llir(tile_text, metadata, options):
+        from . import stages
+        return stages.tile_to_llvm(tile_text, metadata, options)
+
+    @staticmethod
+    def make_obj(llvm_text, metadata, options):
+        from . import stages
+        return stages.llvm_to_object(llvm_text)
+
+    def add_stages(self, stages: dict, options: TilegenOptions, language: Language) -> None:
+        if language != Language.TRITON:
+            raise NotImplementedError("the tilegen backend compiles Triton kernels, not Gluon")
+        stages["ttir"] = lambda src, metadata: self.make_ttir(src, metadata, options)
+        stages["ttile"] = lambda src, metadata: self.make_ttile(src, metadata, options)
+        stages["llir"] = lambda src, metadata: self.make_llir(src, metadata, options)
+        stages["obj"] = lambda src, metadata: self.make_obj(src, metadata, options)
+
+    @functools.lru_cache  # noqa: B019 (one backend object per target)
+    def hash(self) -> str:
+        return backend_hash()
+
+
+@functools.cache
+def backend_hash() -> str:
+    """Our lowering's own sources and the toolchain: a change to either misses the cache."""
+    from ..target import compiler_identity
+    digest = hashlib.sha256(compiler_identity().encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    for name in ("vecmath.py", "target.py"):
+        digest.update((Path(__file__).parent.parent / name).read_bytes())
+    return digest.hexdigest()

@@ -1,0 +1,283 @@
+"""The tilegen backend's driver: the CPU as Triton's one device, the loader for `obj`
+artifacts (MCJIT), the launcher that packs a kernel's arguments and runs its grid, and a
+wall-clock benchmarker for `triton.testing.do_bench` and `triton.autotune`."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import struct
+import threading
+import time
+
+import llvmlite.binding as llvm
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase, decompose_descriptor
+
+from .. import target as host
+from .compiler import BACKEND_NAME
+
+_LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
+                           ctypes.c_void_p)
+
+
+class KernelBoundsError(IndexError):
+    """TRITON_DEBUG=1: a load, store or atomic of a kernel touched memory outside every
+    tensor argument."""
+
+
+class KernelAssertionError(AssertionError):
+    """A `tl.device_assert` of a kernel compiled with debug=True (TRITON_DEBUG=1) failed."""
+
+
+class LoadedKernel:
+    """An MCJIT engine holding one kernel's machine code (freed with this object)."""
+
+    def __init__(self, name: str, data: bytes):
+        from ..runtime import _load_openmp_runtime
+        _load_openmp_runtime()
+        with host.LLVM_LOCK:
+            engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
+                                                host.new_target_machine(False))
+            engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+            engine.finalize_object()
+            self.address = engine.get_function_address(f"{name}.launch")
+        self.engine = engine
+        self.launch = _LAUNCH(self.address)
+
+
+class TilegenUtils:
+    def load_binary(self, name, kernel, shared, device):
+        loaded = LoadedKernel(name, kernel)
+        return loaded, loaded, 0, 0, 1 << 30
+
+    def unload_module(self, module) -> None:
+        pass  # the engine goes with the LoadedKernel
+
+    def get_device_properties(self, device):
+        return {"max_shared_mem": 1 << 30, "multiprocessor_count": num_threads(),
+                "max_num_regs": 1 << 16, "warpSize": 1, "sm_clock_rate": 0,
+                "mem_clock_rate": 0, "mem_bus_width": 0}
+
+
+@functools.cache
+def num_threads() -> int:
+    from ..config import load as load_config
+    return max(1, load_config().num_threads)
+
+
+class TilegenLauncher:
+    """Called by Triton as `run(gx, gy, gz, stream, function, packed_metadata,
+    launch_metadata, enter_hook, exit_hook, *args)` with the kernel's Python arguments
+    (constexprs included); packs the non-constexpr ones into 8-byte slots."""
+
+    def __init__(self, src, metadata):
+        signature = list(src.signature.items())
+        constants = getattr(src, "constants", {})
+        fn = getattr(src, "fn", None)
+        arg_names = list(getattr(fn, "arg_names", [name for name, _ in signature]))
+        constant_positions = {arg_names.index(k) if isinstance(k, str) else k[0]
+                              for k in constants}
+        self.kinds = []
+        self.names = [name for name, _ in signature]
+        for position, (name, kind) in enumerate(signature):
+            if kind == "constexpr" or position in constant_positions:
+                self.kinds.append(None)
+                continue
+            if isinstance(kind, str) and kind.startswith("tensordesc"):
+                self.kinds.append(kind)  # host-side TensorDescriptor: its decomposed form
+                continue
+            if isinstance(kind, tuple) or not isinstance(kind, str):
+                raise NotImplementedError(
+                    f"kernel `{metadata.name}`: argument `{name}` of type {kind} is not "
+                    "supported by the tilegen backend (pass tensors and scalars)")
+            self.kinds.append(kind)
+        self.name = metadata.name
+        self.frame_bytes = metadata.tilegen_frame_bytes
+        self.check_sites = list(getattr(metadata, "tilegen_check_sites", []))
+        self.debug = bool(getattr(metadata, "debug", False))
+        self.local = threading.local()
+
+    def _scratch(self, threads: int):
+        size = self.frame_bytes * threads + 64
+        buffer = getattr(self.local, "scratch", None)
+        if buffer is None or len(buffer) < size:
+            buffer = self.local.scratch = ctypes.create_string_buffer(size)
+        address = ctypes.addressof(buffer)
+        return address + (-address) % 64
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, packed_metadata,
+                 launch_metadata, enter_hook, exit_hook, *args):
+        if gridX * gridY * gridZ == 0:
+            return
+        slots = (ctypes.c_uint64 * max(1, len(args)))()
+        bounds = []
+        count = 0
+        tensors = []
+        for kind, name, value in zip(self.kinds, self.names, args, strict=False):
+            if kind is None:
+                continue
+            if kind.startswith("tensordesc"):
+                # base, shape, strides, padding, round-to-tf32, shape (i32), strides: the
+                # arguments libtriton's descriptor-to-pointer rewrite gave the kernel
+                parts = decompose_descriptor(value)
+                if len(slots) < count + len(parts) + len(args):
+                    grown = (ctypes.c_uint64 * (2 * (count + len(parts) + len(args))))()
+                    ctypes.memmove(grown, slots, ctypes.sizeof(slots))
+                    slots = grown
+                for index, part in enumerate(parts):
+                    slots[count] = _pack("*" if index == 0 else "i64", part, bounds)
+                    count += 1
+                tensors.append((name, parts[0]))
+                continue
+            slots[count] = _pack(kind, value, bounds)
+            if len(bounds) > len(tensors):
+                tensors.append((name, value))
+            count += 1
+        if enter_hook is not None:
+            enter_hook(launch_metadata)
+        threads = min(num_threads(), gridX * gridY * gridZ)
+        status = (ctypes.c_int64 * 4)()
+        if self.debug:
+            _set_bounds(status, bounds)
+        function.launch(ctypes.addressof(slots), gridX, gridY, gridZ, self._scratch(threads),
+                        self.frame_bytes, threads, ctypes.addressof(status))
+        if exit_hook is not None:
+            exit_hook(launch_metadata)
+        if status[0]:
+            site = self.check_sites[status[1]] if status[1] < len(self.check_sites) else "?"
+            if status[0] == 2:
+                raise KernelAssertionError(f"kernel `{self.name}`: {site} (element "
+                                           f"{status[2]} of the condition is false)")
+            raise KernelBoundsError(
+                f"kernel `{self.name}`: {site} accessed address {status[2]:#x}, outside "
+                f"every tensor argument: {_nearest(status[2], tensors)} (TRITON_DEBUG "
+                "bounds check)")
+
+
+def _nearest(address: int, tensors) -> str:
+    """Where `address` is relative to the tensor argument it most likely belongs to."""
+    if not tensors:
+        return "the kernel has no tensor arguments"
+
+    below = [entry for entry in tensors if entry[1].data_ptr() <= address]
+    if below:  # past the end of the highest tensor starting below the address
+        name, tensor = max(below, key=lambda entry: entry[1].data_ptr())
+    else:
+        name, tensor = min(tensors, key=lambda entry: entry[1].data_ptr())
+    offset = address - tensor.data_ptr()
+    size = tensor.element_size()
+    return (f"byte offset {offset} (element {offset // size}) from `{name}`, a tensor of "
+            f"{tensor.numel()} elements")
+
+
+_BOUNDS_TABLE = threading.local()
+
+
+def _set_bounds(status, bounds) -> None:
+    table = (ctypes.c_int64 * (1 + 2 * len(bounds)))(len(bounds), *[x for b in bounds for x in b])
+    _BOUNDS_TABLE.table = table  # kept alive for the launch
+    status[3] = ctypes.addressof(table)
+
+
+def _pack(kind: str, value, bounds: list) -> int:
+    if kind.startswith("*"):
+        if value is None:
+            return 0
+        if hasattr(value, "data_ptr"):
+            device = getattr(value, "device", None)
+            if device is not None and getattr(device, "type", "cpu") != "cpu":
+                raise ValueError(f"the tilegen backend runs on the CPU; got a tensor on "
+                                 f"{device}")
+            address = value.data_ptr()
+            storage = value.untyped_storage()
+            bounds.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+            return address
+        return int(value)
+    if kind.startswith("fp") or kind == "bf16":
+        return struct.unpack("<Q", struct.pack("<d", float(value)))[0]
+    return int(value) & 0xFFFFFFFFFFFFFFFF
+
+
+class _CpuEvent:
+    def __init__(self, enable_timing: bool = True):
+        self.time = 0.0
+
+    def record(self, stream=None) -> None:
+        self.time = time.perf_counter()
+
+    def elapsed_time(self, end: _CpuEvent) -> float:
+        return (end.time - self.time) * 1000.0
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CpuDeviceInterface:
+    """What `triton.testing.do_bench` asks of `torch.cuda`: events and synchronize."""
+
+    Event = _CpuEvent
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        pass
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+
+class TilegenDriver(DriverBase):
+    def __init__(self):
+        super().__init__()
+        self.utils = TilegenUtils()
+        self.launcher_cls = TilegenLauncher
+        self.get_current_device = lambda: 0
+        self.set_current_device = lambda device: None
+        self.get_current_stream = lambda device=None: 0
+
+    @staticmethod
+    def is_active() -> bool:
+        """Active unless disabled, or unless another backend's device is (a CUDA or ROCm
+        machine keeps its GPU by default; TRITON_DEFAULT_BACKEND=tilegen selects us)."""
+        if os.environ.get("TILEGEN_TRITON_DISABLE", "") == "1":
+            return False
+        selected = os.environ.get("TRITON_DEFAULT_BACKEND", "")
+        if selected:
+            return selected == BACKEND_NAME
+        from triton.backends import backends
+
+        return not any(backend.driver.is_active() for name, backend in backends.items()
+                       if name != BACKEND_NAME)
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        return "void*" if ty.startswith("*") else {"i1": "bool", "i32": "int32_t",
+                                                   "i64": "int64_t", "fp32": "float",
+                                                   "fp64": "double"}.get(ty, ty)
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget(BACKEND_NAME, host.host_cpu()[0], 1)
+
+    def get_active_torch_device(self):
+        import torch
+        return torch.device("cpu")
+
+    def get_device_interface(self):
+        return CpuDeviceInterface
+
+    def get_benchmarker(self):
+        from triton.testing import do_bench
+        return do_bench
+
+    def get_empty_cache_for_benchmark(self):
+        import torch
+        return torch.empty(64 * 1024 * 1024 // 4, dtype=torch.int32)
+
+    def clear_cache(self, cache) -> None:
+        cache.zero_()

@@ -1,0 +1,76 @@
+"""The grid launcher in LLVM IR: every program id of a 1-, 2- or 3-D grid, split into
+contiguous runs across CPU threads by libgomp (`GOMP_parallel`, as tilegen's parallel
+loops), each thread with its own scratch frame."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .elementwise import I32, I64, PTR
+
+
+def emit_launcher(module: ir.Module, program: ir.Function, name: str) -> ir.Function:
+    args = [PTR, I64, I64, I64, PTR, I64, I32, PTR]
+    launch = ir.Function(module, ir.FunctionType(ir.VoidType(), args), f"{name}.launch")
+    worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), f"{name}.worker")
+    worker.linkage = "internal"
+    _emit_worker(module, worker, program)
+    b = ir.IRBuilder(launch.append_basic_block("entry"))
+    kernel_args, nx, ny, nz, scratch, frame, threads, status = launch.args
+    context = b.alloca(I64, size=7)
+    for slot, value in enumerate((kernel_args, nx, ny, nz, scratch, frame, status)):
+        pointer = b.gep(context, [ir.Constant(I64, slot)])
+        b.store(b.ptrtoint(value, I64) if value.type == PTR else value, pointer)
+    serial = b.icmp_signed("<=", threads, ir.Constant(I32, 1))
+    with b.if_else(serial) as (then, otherwise):
+        with then:
+            b.call(worker, [context])
+        with otherwise:
+            gomp = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]),
+                               "GOMP_parallel")
+            b.call(gomp, [worker, context, threads, ir.Constant(I32, 0)])
+    b.ret_void()
+    return launch
+
+
+def _emit_worker(module: ir.Module, worker: ir.Function, program: ir.Function) -> None:
+    b = ir.IRBuilder(worker.append_basic_block("entry"))
+    context = worker.args[0]
+
+    def field(slot):
+        pointer = b.gep(context, [ir.Constant(I64, slot)], source_etype=I64)
+        return b.load(pointer, typ=I64)
+
+    kernel_args, nx, ny, nz, scratch, frame, status = (field(s) for s in range(7))
+    thread_num = ir.Function(module, ir.FunctionType(I32, []), "omp_get_thread_num")
+    num_threads = ir.Function(module, ir.FunctionType(I32, []), "omp_get_num_threads")
+    tid = b.sext(b.call(thread_num, []), I64)
+    count = b.sext(b.call(num_threads, []), I64)
+    total = b.mul(b.mul(nx, ny), nz)
+    first = b.sdiv(b.mul(total, tid), count)
+    last = b.sdiv(b.mul(total, b.add(tid, ir.Constant(I64, 1))), count)
+    own_frame = b.inttoptr(b.add(scratch, b.mul(tid, frame)), PTR)
+    args_pointer, status_pointer = b.inttoptr(kernel_args, PTR), b.inttoptr(status, PTR)
+    pre = b.block
+    header = worker.append_basic_block("programs")
+    body = worker.append_basic_block("program")
+    done = worker.append_basic_block("done")
+    b.branch(header)
+    b.position_at_end(header)
+    index = b.phi(I64)
+    index.add_incoming(first, pre)
+    failed = b.load(status_pointer, typ=I64)  # a failed bounds check stops the grid
+    running = b.and_(b.icmp_signed("<", index, last),
+                     b.icmp_signed("==", failed, ir.Constant(I64, 0)))
+    b.cbranch(running, body, done)
+    b.position_at_end(body)
+    x = b.srem(index, nx)
+    y = b.srem(b.sdiv(index, nx), ny)
+    z = b.sdiv(index, b.mul(nx, ny))
+    ids = [b.trunc(v, I32) for v in (x, y, z, nx, ny, nz)]
+    b.call(program, [args_pointer, *ids, own_frame, status_pointer])
+    following = b.add(index, ir.Constant(I64, 1))
+    index.add_incoming(following, b.block)
+    b.branch(header)
+    b.position_at_end(done)
+    b.ret_void()

@@ -1,0 +1,430 @@
+"""Tile ops that move elements between positions (broadcast, trans), fold them (reduce,
+scan, dot), and structured control flow (scf.for / if / while)."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
+from .tileir import FLOAT_ELEMS, TileType
+
+
+def _const(value: int) -> ir.Constant:
+    return ir.Constant(I64, value)
+
+
+def row_index(e, flat_row: ir.Value, out_rows: tuple[int, ...], in_rows: tuple[int, ...]):
+    """The row of the input that output row `flat_row` reads (dims of size 1 broadcast)."""
+    index = _const(0)
+    remaining = flat_row
+    stride_in = 1
+    for out_dim, in_dim in zip(reversed(out_rows), reversed(in_rows), strict=True):
+        coordinate = e.b.urem(remaining, _const(out_dim)) if out_dim > 1 else _const(0)
+        remaining = e.b.udiv(remaining, _const(out_dim)) if out_dim > 1 else remaining
+        if in_dim > 1:
+            index = e.b.add(index, e.b.mul(coordinate, _const(stride_in)))
+        stride_in *= in_dim
+    return index
+
+
+def trans(e, op) -> None:
+    source = e.env[op.operands[0].id]
+    order = op.attr("order")
+    in_shape, out_shape = op.operands[0].type.shape, op.result.type.shape
+    in_strides = _strides(in_shape)
+    out = e.alloc(op.result.type)
+
+    def element(flat):
+        remaining, index = flat, _const(0)
+        for axis in reversed(range(len(out_shape))):
+            coordinate = e.b.urem(remaining, _const(out_shape[axis]))
+            remaining = e.b.udiv(remaining, _const(out_shape[axis]))
+            index = e.b.add(index, e.b.mul(coordinate, _const(in_strides[order[axis]])))
+        e.store_chunk(out, flat, e.load_element(source, index))
+
+    e.loop(op.result.type.numel, element)
+    e.env[op.result.id] = out
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return strides[::-1]
+
+
+def _split(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    outer = 1
+    for dim in shape[:axis]:
+        outer *= dim
+    inner = 1
+    for dim in shape[axis + 1:]:
+        inner *= dim
+    return outer, shape[axis], inner
+
+
+def reduce(e, op) -> None:
+    axis = op.attr("axis")
+    shape = op.operands[0].type.shape
+    sources = [e.env[v.id] for v in op.operands]
+    outer, extent, inner = _split(shape, axis)
+    region = op.regions[0]
+    scalar_result = not op.results[0].type.shape
+    outs = [None if scalar_result else e.alloc(r.type) for r in op.results]
+    finals: list = []
+
+    def combine(accs, values):
+        return e.region(region, accs + values)
+
+    if inner > 1:
+        width = min(16, inner)
+
+        def group(o, c):
+            base = e.b.add(e.b.mul(o, _const(extent * inner)), e.b.mul(c, _const(width)))
+            firsts = [e.load_chunk(s, base, width) for s in sources]
+
+            def step(j, accs):
+                at = e.b.add(base, e.b.mul(j, _const(inner)))
+                return combine(accs, [e.load_chunk(s, at, width) for s in sources])
+            accs = e.counted_loop(_const(1), _const(extent), _const(1), firsts, step)
+            out_at = e.b.add(e.b.mul(o, _const(inner)), e.b.mul(c, _const(width)))
+            for out, acc in zip(outs, accs, strict=True):
+                e.store_chunk(out, out_at, acc)
+
+        e.loop(outer, lambda o: e.loop(inner // width, lambda c: group(o, c)))
+    else:
+        width = min(16, extent)
+
+        def row(o):
+            base = e.b.mul(o, _const(extent))
+            firsts = [e.load_chunk(s, base, width) for s in sources]
+
+            def step(j, accs):
+                at = e.b.add(base, e.b.mul(j, _const(width)))
+                return combine(accs, [e.load_chunk(s, at, width) for s in sources])
+            accs = e.counted_loop(_const(1), _const(extent // width), _const(1), firsts, step)
+            lanes = [[e.b.extract_element(a, ir.Constant(I32, k)) for a in accs]
+                     for k in range(width)]
+            total = lanes[0]
+            for lane in lanes[1:]:
+                total = combine(total, lane)
+            if scalar_result:
+                finals.extend(total)
+                return
+            for out, value in zip(outs, total, strict=True):
+                e.store_chunk(out, o, value)
+
+        if scalar_result:
+            row(_const(0))
+        else:
+            e.loop(outer, row)
+    for number, result in enumerate(op.results):
+        e.env[result.id] = finals[number] if scalar_result else outs[number]
+
+
+def scan(e, op) -> None:
+    axis, reverse = op.attr("axis"), op.attr("reverse")
+    shape = op.operands[0].type.shape
+    sources = [e.env[v.id] for v in op.operands]
+    outs = [e.alloc(r.type) for r in op.results]
+    outer, extent, inner = _split(shape, axis)
+    width = min(16, inner) if inner > 1 else 0
+    region = op.regions[0]
+
+    def position(j):
+        return e.b.sub(_const(extent - 1), j) if reverse else j
+
+    def lane_group(o, c):
+        base = e.b.add(e.b.mul(o, _const(extent * inner)), e.b.mul(c, _const(max(width, 1))))
+        first = e.b.add(base, e.b.mul(position(_const(0)), _const(inner)))
+        accs = [e.load_chunk(s, first, width) for s in sources]
+        for out, acc in zip(outs, accs, strict=True):
+            e.store_chunk(out, first, acc)
+
+        def step(j, carried):
+            at = e.b.add(base, e.b.mul(position(j), _const(inner)))
+            carried = e.region(region, carried + [e.load_chunk(s, at, width) for s in sources])
+            for out, acc in zip(outs, carried, strict=True):
+                e.store_chunk(out, at, acc)
+            return carried
+        e.counted_loop(_const(1), _const(extent), _const(1), accs, step)
+
+    groups = inner // width if width else 1
+    e.loop(outer, lambda o: e.loop(groups, lambda c: lane_group(o, c)))
+    for result, out in zip(op.results, outs, strict=True):
+        e.env[result.id] = out
+
+
+def dot(e, op) -> None:
+    """d = c + a @ b. Float products accumulated in f32 or f64 run on tilegen's packed-gemm
+    micro-kernel (gemm.micro_kernel_function): a is already row-major with a static row
+    stride, b is packed into nr-wide panels (converted to the accumulator type on the way,
+    f16/bf16 included), and each mr x nr block of d is one call. Other products use the
+    register-blocked loop below."""
+    a_value, b_value, c_value = op.operands[:3]
+    result = op.result.type.elem
+    if len(a_value.type.shape) == 2 and result in ("f32", "f64") and \
+            a_value.type.elem in FLOAT_ELEMS and b_value.type.elem in FLOAT_ELEMS:
+        _dot_micro_kernel(e, op)
+        return
+    _dot_blocked(e, op)
+
+
+def _converted(e, value, elem: str):
+    """`value` stored as a tile of `elem` (a lazy conversion, then materialized)."""
+    if value.type.elem == elem:
+        return e.materialize(value)
+    target = TileType(elem, value.type.shape)
+    out = e.alloc(target)
+    name = "arith.extf" if elem in ("f32", "f64") and value.type.elem != "f64" else \
+        "arith.truncf"
+
+    def body(index, width):
+        chunk = e.load_chunk(value, index, width)
+        e.store_chunk(out, index, e.ew.emit(e.b, name, (), [chunk], [value.type.elem], elem))
+    e.chunks(value.type, body)
+    return out
+
+
+def _dot_micro_kernel(e, op) -> None:
+    from .. import loopir as L
+    from ..gemm import LANES, micro_kernel_function
+
+    a_value, b_value, c_value = op.operands[:3]
+    m, k_extent = a_value.type.shape
+    n = b_value.type.shape[-1]
+    elem = op.result.type.elem
+    dtype = L.F32 if elem == "f32" else L.F64
+    lanes = LANES[dtype]
+    nr = 2 * lanes if n > lanes else lanes
+    # tile rows are powers of two: a register block that divides them wastes no FMAs
+    mr = min(m, 8 if nr == 2 * lanes else 16)
+    a = _converted(e, e.env[a_value.id], elem)
+    b = _converted(e, e.env[b_value.id], elem)
+    c = e.env[c_value.id]
+    zero_start = getattr(c, "kind", None) == "const" and c.payload == 0
+    in_place = c_value.id in e.carried_args and e.uses.get(c_value.id) == 1 and \
+        isinstance(c, type(a)) and c_value.type.elem == elem
+    if zero_start:
+        out = e.alloc(op.result.type)
+    elif in_place:
+        out = c
+    else:
+        out = _copy_of(e, c, op.result.type)
+    panels = -(-n // nr)
+    if n == nr:
+        packed = b
+    else:
+        packed = e.alloc(TileType(elem, (panels, k_extent, nr)))
+        width = min(lanes, n)
+
+        def pack(p, kk):
+            source = e.b.add(e.b.mul(kk, _const(n)), e.b.mul(p, _const(nr)))
+            target = e.b.mul(e.b.add(e.b.mul(p, _const(k_extent)), kk), _const(nr))
+            for part in range(0, min(nr, n), width):
+                chunk = e.load_chunk(b, e.b.add(source, _const(part)), width)
+                e.store_chunk(packed, e.b.add(target, _const(part)), chunk)
+        e.loop(panels, lambda p: e.loop(k_extent, lambda kk: pack(p, kk), unroll=False),
+               unroll=False)
+    kernel = micro_kernel_function(e.module, dtype, mr, nr, k_extent)
+    first = ir.Constant(ir.IntType(1), 1 if zero_start else 0)
+
+    def block(p, row_block):
+        row0 = e.b.mul(row_block, _const(mr))
+        column0 = e.b.mul(p, _const(nr))
+        rows = e.b.sub(_const(m), row0)
+        rows = e.b.select(e.b.icmp_signed("<", rows, _const(mr)), rows, _const(mr))
+        columns = e.b.sub(_const(n), column0)
+        columns = e.b.select(e.b.icmp_signed("<", columns, _const(nr)), columns, _const(nr))
+        e.b.call(kernel, [e.address(a, e.b.mul(row0, _const(k_extent))),
+                          e.address(packed, e.b.mul(p, _const(k_extent * nr))),
+                          _const(k_extent),
+                          e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
+                          _const(n), rows, columns, first])
+    e.loop(panels, lambda p: e.loop(-(-m // mr), lambda r: block(p, r), unroll=False),
+           unroll=False)
+    e.env[op.result.id] = out
+
+
+def _copy_of(e, value, type_: TileType):
+    out = e.alloc(type_)
+    e.chunks(type_, lambda index, width: e.store_chunk(out, index,
+                                                      e.load_chunk(value, index, width)))
+    return out
+
+
+def _dot_blocked(e, op) -> None:
+    """d = c + a @ b, accumulated in d's type (f32 for float inputs, widened on load; i32
+    for int8). Register-blocked: a block of rows x up to four 16-lane column chunks of d
+    (16 accumulators) stays in registers while k runs, so each loaded chunk of b feeds one
+    FMA per row of the block and each element of a one FMA per chunk."""
+    a_value, b_value, c_value = op.operands[:3]
+    if len(a_value.type.shape) != 2:
+        raise e.fail(op, "batched (3-D) tl.dot is not supported")
+    m, k_extent = a_value.type.shape
+    n = b_value.type.shape[-1]
+    # each element of a and b is read many times: compute lazy operands once
+    a, b = e.materialize(e.env[a_value.id]), e.materialize(e.env[b_value.id])
+    c = e.env[c_value.id]
+    out = e.alloc(op.result.type)
+    acc_ty = scalar_type(op.result.type.elem)
+    is_float = not isinstance(acc_ty, ir.IntType)
+    width = min(16, n)
+    group = min(n // width, 4)
+    rows = min(m, max(1, 16 // group))
+
+    def widen(value, elem, lanes):
+        target = of_width(acc_ty, lanes)
+        if value.type == target:
+            return value
+        if elem == "bf16":
+            value = bf16_to_f32(e.b, value, lanes)
+            return value if value.type == target else e.b.fpext(value, target)
+        return e.b.fpext(value, target) if is_float else e.b.sext(value, target)
+
+    def block(row_block, column_group):
+        first_row = e.b.mul(row_block, _const(rows))
+        columns = [e.b.mul(e.b.add(e.b.mul(column_group, _const(group)), _const(q)),
+                           _const(width)) for q in range(group)]
+        row_starts = [e.b.mul(e.b.add(first_row, _const(r)), _const(n)) for r in range(rows)]
+        a_rows = [e.b.mul(e.b.add(first_row, _const(r)), _const(k_extent))
+                  for r in range(rows)]
+        accs = [widen(e.load_chunk(c, e.b.add(start, column), width), c_value.type.elem,
+                      width) for start in row_starts for column in columns]
+
+        def step(kk, carried):
+            b_base = e.b.mul(kk, _const(n))
+            b_chunks = [widen(e.load_chunk(b, e.b.add(b_base, column), width),
+                              b_value.type.elem, width) for column in columns]
+            updated = []
+            for r in range(rows):
+                scalar = e.load_element(a, e.b.add(a_rows[r], kk))
+                a_lanes = e.splat(widen(scalar, a_value.type.elem, 0), width)
+                for q in range(group):
+                    acc = carried[r * group + q]
+                    if is_float:
+                        updated.append(e.ew.intrinsic(e.b, "llvm.fma",
+                                                      [a_lanes, b_chunks[q], acc]))
+                    else:
+                        updated.append(e.b.add(acc, e.b.mul(a_lanes, b_chunks[q])))
+            return updated
+
+        accs = e.counted_loop(_const(0), _const(k_extent), _const(1), accs, step)
+        for r in range(rows):
+            for q in range(group):
+                e.store_chunk(out, e.b.add(row_starts[r], columns[q]), accs[r * group + q])
+
+    e.loop(m // rows, lambda rb: e.loop(n // (width * group), lambda g: block(rb, g),
+                                        unroll=False), unroll=False)
+    e.env[op.result.id] = out
+
+
+# ---- control flow ---------------------------------------------------------------------------
+
+class _Carried:
+    """Loop-carried or branch-result values: tiles in frame slots, scalars in allocas."""
+
+    def __init__(self, e, types: list[TileType]):
+        self.e = e
+        self.types = types
+        self.slots = [e.alloc(t) if t.shape else e.entry_alloca(scalar_type(t.elem))
+                      for t in types]
+
+    def assign(self, values: list) -> None:
+        e = self.e
+        pending = []
+        tile_offsets = {slot.offset for slot in self.slots if hasattr(slot, "offset")}
+        for slot, value, type_ in zip(self.slots, values, self.types, strict=True):
+            if not type_.shape:
+                pending.append((slot, value))
+                continue
+            if not hasattr(value, "offset"):  # lazy: read it before any slot changes
+                value = e.materialize(value)
+            if value.offset == slot.offset:
+                continue
+            if value.offset in tile_offsets:  # another slot's old value: copy it first
+                temporary = e.alloc(type_)
+                _copy(e, value, temporary)
+                value = temporary
+            pending.append((slot, value))
+        for slot, value in pending:
+            if hasattr(slot, "offset"):
+                _copy(e, value, slot)
+            else:
+                e.b.store(value, slot)
+
+    def read(self) -> list:
+        return [slot if hasattr(slot, "offset") else self.e.b.load(slot)
+                for slot in self.slots]
+
+
+def _copy(e, source, target) -> None:
+    e.chunks(target.type, lambda index, width: e.store_chunk(
+        target, index, e.load_chunk(source, index, width)))
+
+
+def scf_for(e, op) -> None:
+    lower, upper, step = (e.env[v.id] for v in op.operands[:3])
+    body = op.regions[0]
+    carried = _Carried(e, [v.type for v in op.operands[3:]])
+    carried.assign([e.env[v.id] for v in op.operands[3:]])
+    index_ty = lower.type
+
+    def trip(index, _):
+        e.env[body.args[0].id] = index
+        for arg, value in zip(body.args[1:], carried.read(), strict=True):
+            e.env[arg.id] = value
+        carried.assign(e.block(body))
+        return []
+    e.counted_loop(lower, upper, step if step.type == index_ty else step, [], trip)
+    for result, value in zip(op.results, carried.read(), strict=True):
+        e.env[result.id] = value
+
+
+def scf_if(e, op) -> None:
+    condition = e.env[op.operands[0].id]
+    results = _Carried(e, [r.type for r in op.results])
+    then_block, else_block = op.regions[0], op.regions[1] if len(op.regions) > 1 else None
+    has_else = else_block is not None and else_block.ops
+    if has_else:
+        with e.b.if_else(condition) as (then, otherwise):
+            with then:
+                results.assign(e.block(then_block))
+            with otherwise:
+                results.assign(e.block(else_block))
+    else:
+        with e.b.if_then(condition):
+            results.assign(e.block(then_block))
+    for result, value in zip(op.results, results.read(), strict=True):
+        e.env[result.id] = value
+
+
+def scf_while(e, op) -> None:
+    before, after = op.regions
+    state = _Carried(e, [v.type for v in op.operands])
+    state.assign([e.env[v.id] for v in op.operands])
+    forwarded = _Carried(e, [r.type for r in op.results])
+    header = e.function.append_basic_block("while")
+    body = e.function.append_basic_block("while.body")
+    done = e.function.append_basic_block("while.end")
+    e.b.branch(header)
+    e.b.position_at_end(header)
+    for arg, value in zip(before.args, state.read(), strict=True):
+        e.env[arg.id] = value
+    condition, *values = e.block(before)
+    forwarded.assign(values)
+    e.b.cbranch(condition, body, done)
+    e.b.position_at_end(body)
+    for arg, value in zip(after.args, forwarded.read(), strict=True):
+        e.env[arg.id] = value
+    state.assign(e.block(after))
+    e.b.branch(header)
+    e.b.position_at_end(done)
+    for result, value in zip(op.results, forwarded.read(), strict=True):
+        e.env[result.id] = value
+
+
+HANDLERS = {"tt.trans": trans, "tt.reduce": reduce,
+            "tt.scan": scan, "tt.dot": dot, "scf.for": scf_for, "scf.if": scf_if,
+            "scf.while": scf_while}
