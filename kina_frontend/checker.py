@@ -523,31 +523,59 @@ class _Checker:
         operands: dict[str, Value] = {}
         literals: dict[str, tuple[float | int, ast.Expr]] = {}
         attrs: dict[str, object] = {}
+        variadic: list[Value] = []
         for param in op.params:
             expr = bound.get(param.name)
             if expr is None:
                 attrs[param.name] = param.default
                 continue
-            if param.kind == "tensor_or_literal" and _literal_value(expr) is not None:
-                literals[param.name] = (_literal_value(expr), expr)
+            number = self.number_value(expr) if param.kind == "tensor_or_literal" else None
+            if number is not None:
+                literals[param.name] = (number, expr)
+            elif param.variadic:
+                variadic = [self.check_tensor(e, None) for e in expr]
             elif param.is_operand:
                 operands[param.name] = self.check_tensor(expr, None)
             else:
                 attrs[param.name] = self.attr_value(param.kind, expr, op.name)
         if literals:
             self.materialize_literals(op, node, operands, literals)
-        ordered = tuple(operands[p.name] for p in op.operand_params)
-        arg_spans = {name: expr.span for name, expr in bound.items()}
+        ordered = tuple(operands[p.name] for p in op.operand_params if not p.variadic)
+        ordered += tuple(variadic)
+        arg_spans = {name: expr.span for name, expr in bound.items()
+                     if not isinstance(expr, list)}
         ctx = _OpContext(self, op.name, node.span, arg_spans)
         result_types = op.shape_rule(ctx, [v.type for v in ordered], attrs)
         for rtype in result_types:
             self.require_concrete(rtype, node.span, op.name)
         return self.emit(op.name, ordered, attrs, result_types, node.span, hints)
 
+    def number_value(self, expr: ast.Expr):
+        """The number `expr` stands for where an op takes a number: a literal, a const's
+        value (a const name not shadowed by a tensor), or + - * of those; else None."""
+        literal = _literal_value(expr)
+        if literal is not None:
+            return literal
+        if isinstance(expr, ast.Name):
+            in_scope = self.scope is not None and expr.ident in self.scope.env
+            return self.values.get(expr.ident) if not in_scope else None
+        if isinstance(expr, ast.Binary) and expr.op in "+-*":
+            lhs, rhs = self.number_value(expr.lhs), self.number_value(expr.rhs)
+            if lhs is None or rhs is None:
+                return None
+            return {"+": operator.add, "-": operator.sub, "*": operator.mul}[expr.op](lhs, rhs)
+        return None
+
     def materialize_literals(self, op, node, operands, literals) -> None:
         if not operands:
             raise KinaError("type", f"'{op.name}' needs at least one tensor operand", node.span)
-        like = next(iter(operands.values())).type
+        # A number takes the type of a tensor it combines with (where's condition is BOOL:
+        # a number branch takes the other branch's type, or F32 when both are numbers).
+        peers = [operands[p.name] for p in op.params
+                 if p.kind == "tensor_or_literal" and p.name in operands]
+        like = (peers[0] if peers else next(iter(operands.values()))).type
+        if not peers and like.dtype == DType.BOOL:
+            like = like.with_dtype(DType.F32)
         for name, (number, expr) in literals.items():
             if not like.dtype.is_float and isinstance(number, float):
                 raise KinaError("type", f"float literal {number} used with an "
@@ -590,6 +618,23 @@ class _Checker:
             return dim
         if kind == "axis":
             return self.int_literal(expr)
+        if kind == "offset":
+            dim = self.dim_expr(expr)
+            if self.evaluate(dim) < 0:
+                raise KinaError("shape", f"'{opname}' needs a position >= 0, got "
+                                f"{format_dim(dim)} = {self.evaluate(dim)}", expr.span)
+            return dim
+        if kind == "number":
+            number = self.number_value(expr)
+            if number is None:
+                raise KinaError("type", f"'{opname}' expects a number (a literal or a const)",
+                                expr.span)
+            return float(number)
+        if kind == "dtype":
+            if not isinstance(expr, ast.Name) or expr.ident not in SURFACE_DTYPES:
+                raise KinaError("type", f"'{opname}' expects an element type: "
+                                f"{', '.join(SURFACE_DTYPES)}", expr.span)
+            return SURFACE_DTYPES[expr.ident].value
         raise AssertionError(kind)
 
     def int_literal(self, expr: ast.Expr) -> int:
@@ -654,10 +699,11 @@ class _Checker:
         dname = texpr.dtype.ident
         if dname in RESERVED_DTYPES:
             raise KinaError("unsupported", f"element type {dname} is not supported yet",
-                            texpr.dtype.span, ("supported element types: F32, F64, I64",))
+                            texpr.dtype.span,
+                            ("supported element types: F32, F64, I64, BF16, BOOL",))
         if dname not in SURFACE_DTYPES:
             raise KinaError("type", f"unknown element type '{dname}'", texpr.dtype.span,
-                            ("supported element types: F32, F64, I64",))
+                            ("supported element types: F32, F64, I64, BF16, BOOL",))
         placement = texpr.placement.ident
         if placement not in SUPPORTED_PLACEMENTS:
             raise KinaError("unsupported", f"placement '@{placement}' is not supported",
@@ -746,12 +792,20 @@ def _freeze(value):
 def _bind_arguments(op: OpDef, call: ast.Call) -> dict[str, ast.Expr]:
     params = op.params
     positional = [p for p in params if not p.keyword_only]
-    if len(call.args) > len(positional):
+    args: list = list(call.args)
+    if positional and positional[-1].variadic:
+        # The trailing variadic parameter takes every remaining positional argument.
+        fixed = len(positional) - 1
+        if len(args) <= fixed:
+            raise KinaError("arity", f"'{op.name}' needs at least one tensor", call.span,
+                            (_signature_text(op),))
+        args = args[:fixed] + [args[fixed:]]
+    if len(args) > len(positional):
         raise KinaError("arity", f"'{op.name}' takes at most {len(positional)} positional "
                         f"argument(s), got {len(call.args)}", call.args[len(positional)].span,
                         (_signature_text(op),))
     bound: dict[str, ast.Expr] = {}
-    for param, arg in zip(positional, call.args, strict=False):
+    for param, arg in zip(positional, args, strict=False):
         bound[param.name] = arg
     by_name = {p.name: p for p in params}
     for kwarg in call.kwargs:
@@ -771,7 +825,8 @@ def _bind_arguments(op: OpDef, call: ast.Call) -> dict[str, ast.Expr]:
 
 def _signature_text(op: OpDef) -> str:
     shown = {"tensor": "tensor", "tensor_or_literal": "tensor or number", "dims": "[dims]",
-             "ints": "[ints]", "dim": "dim", "axis": "int"}
+             "ints": "[ints]", "dim": "dim", "axis": "int", "tensors": "tensor, ...",
+             "offset": "dim", "number": "number", "dtype": "DTYPE"}
     parts = [f"{p.name}: {shown[p.kind]}" for p in op.params]
     return f"signature: {op.name}({', '.join(parts)})"
 

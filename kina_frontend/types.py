@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import sympy
 
@@ -16,14 +17,24 @@ class DType(enum.Enum):
     F32 = "f32"
     F64 = "f64"
     I64 = "i64"
+    # BF16 is a storage type: values widen to f32 on load, arithmetic runs in f32 and each
+    # op's result rounds to nearest even (NumPy has no bfloat16: arrays are ml_dtypes').
+    BF16 = "bf16"
+    # BOOL: comparisons produce it, `where` consumes it; one byte per element (NumPy bool_).
+    BOOL = "bool"
 
     @property
     def numpy(self) -> np.dtype:
-        return np.dtype({"f32": np.float32, "f64": np.float64, "i64": np.int64}[self.value])
+        return _NUMPY_DTYPES[self]
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.F32, DType.F64)
+        return self in (DType.F32, DType.F64, DType.BF16)
+
+    @property
+    def compute(self) -> DType:
+        """The type arithmetic on this type runs in: F32 for BF16, itself otherwise."""
+        return DType.F32 if self is DType.BF16 else self
 
     @property
     def kina_name(self) -> str:
@@ -37,10 +48,15 @@ class DType(enum.Enum):
         return None
 
 
+_NUMPY_DTYPES = {DType.F32: np.dtype(np.float32), DType.F64: np.dtype(np.float64),
+                 DType.I64: np.dtype(np.int64), DType.BF16: np.dtype(ml_dtypes.bfloat16),
+                 DType.BOOL: np.dtype(np.bool_)}
+
 # Names the surface accepts, with the dtypes the compiler cannot yet handle listed apart so
 # the diagnostic can say "not supported" instead of "unknown".
-SURFACE_DTYPES = {"F32": DType.F32, "F64": DType.F64, "I64": DType.I64}
-RESERVED_DTYPES = frozenset({"BF16", "F16", "I32", "I8", "BOOL"})
+SURFACE_DTYPES = {"F32": DType.F32, "F64": DType.F64, "I64": DType.I64, "BF16": DType.BF16,
+                  "BOOL": DType.BOOL}
+RESERVED_DTYPES = frozenset({"F16", "I32", "I8"})
 SUPPORTED_PLACEMENTS = frozenset({"host"})
 
 

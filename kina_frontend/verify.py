@@ -80,7 +80,8 @@ def infer_types(opname: str, operand_types: list[TensorType],
     if definition is None:
         raise ShapeRuleError(f"unknown op '{opname}'")
     expected = len(definition.operand_params)
-    if len(operand_types) != expected:
+    variadic = any(p.variadic for p in definition.operand_params)
+    if len(operand_types) != expected and not (variadic and len(operand_types) >= expected):
         raise ShapeRuleError(f"{opname}: expected {expected} operand(s), got "
                              f"{len(operand_types)}")
     missing = [p.name for p in definition.attr_params if p.name not in attrs]

@@ -50,20 +50,33 @@ def ktype(shape, dtype="F64") -> str:
 
 # ---- per-op cases -----------------------------------------------------------------------------
 
+TORCH_UNARY = {
+    "relu": lambda torch, a: torch.relu(a),
+    "gelu": lambda torch, a: torch.nn.functional.gelu(a),
+    "gelu_tanh": lambda torch, a: torch.nn.functional.gelu(a, approximate="tanh"),
+    "erf": lambda torch, a: torch.erf(a),
+    "sigmoid": lambda torch, a: torch.sigmoid(a),
+    "silu": lambda torch, a: torch.nn.functional.silu(a),
+    "rsqrt": lambda torch, a: torch.rsqrt(a),
+    "abs": lambda torch, a: torch.abs(a),
+}
+
 @dataclass(frozen=True)
 class Arg:
     name: str
     shape: tuple[int, ...]
-    kind: str = "float"  # float | positive | nonzero | ids
+    kind: str = "float"  # float | positive | nonzero | ids | mask
     limit: int = 0  # ids lie in [0, limit)
 
     @property
     def dtype(self) -> str:
-        return "I64" if self.kind == "ids" else "F64"
+        return {"ids": "I64", "mask": "BOOL"}.get(self.kind, "F64")
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
         if self.kind == "ids":
             return rng.integers(0, self.limit, size=self.shape, dtype=np.int64)
+        if self.kind == "mask":
+            return rng.random(self.shape) < 0.5
         if self.kind == "positive":
             return rng.uniform(0.5, 2.0, size=self.shape)
         if self.kind == "nonzero":
@@ -83,7 +96,7 @@ class OpCase:
 
     @property
     def wrt(self) -> tuple[Arg, ...]:
-        return tuple(a for a in self.args if a.kind != "ids")
+        return tuple(a for a in self.args if a.kind not in ("ids", "mask"))
 
 
 def _shape(draw, rank_min=1, rank_max=3) -> tuple[int, ...]:
@@ -111,6 +124,49 @@ def op_cases(draw, opname: str) -> OpCase:
         kind = "positive" if opname in ("log", "sqrt") else "float"
         return OpCase(f"{opname}(a)", (Arg("a", shape, kind),), shape,
                       lambda torch, t: getattr(torch, opname)(t["a"]))
+    if opname in TORCH_UNARY:
+        shape = _shape(draw)
+        kind = "positive" if opname == "rsqrt" else "nonzero" if opname in ("relu", "abs") \
+            else "float"
+        return OpCase(f"{opname}(a)", (Arg("a", shape, kind),), shape,
+                      lambda torch, t: TORCH_UNARY[opname](torch, t["a"]))
+    if opname == "pow":
+        shape = _shape(draw)
+        p = draw(st.sampled_from([2.0, 3.0, -1.0, 0.5, 1.7, -2.25]))
+        return OpCase(f"pow(a, {p})", (Arg("a", shape, "positive"),), shape,
+                      lambda torch, t: torch.pow(t["a"], p))
+    if opname in ("maximum", "minimum"):
+        shape = _shape(draw)
+        if draw(st.booleans()):
+            return OpCase(f"{opname}(a, 0.25)", (Arg("a", shape, "nonzero"),), shape,
+                          lambda torch, t: getattr(torch, opname)(
+                              t["a"], torch.full_like(t["a"], 0.25)))
+        return OpCase(f"{opname}(a, b)", (Arg("a", shape), Arg("b", shape)), shape,
+                      lambda torch, t: getattr(torch, opname)(t["a"], t["b"]))
+    if opname in ("layer_norm", "rms_norm"):
+        shape = _shape(draw)
+        axis = draw(st.integers(-len(shape), len(shape) - 1))
+        width = (shape[axis],)
+        if shape[axis] == 1:  # a one-element row normalises to 0: no gradient to check
+            shape = shape[:axis % len(shape)] + (3,) + shape[axis % len(shape) + 1:]
+            width = (3,)
+        args = (Arg("a", shape), Arg("g", width)) + ((Arg("b", width),)
+                                                    if opname == "layer_norm" else ())
+        names = ", ".join(a.name for a in args)
+
+        def torch_norm(torch, t):
+            x = t["a"].movedim(axis, -1)
+            if opname == "layer_norm":
+                y = torch.nn.functional.layer_norm(x, width, t["g"], t["b"], 0.01)
+            else:
+                y = x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + 0.01) * t["g"]
+            return y.movedim(-1, axis)
+        return OpCase(f"{opname}({names}, axis={axis}, eps=0.01)", args, shape, torch_norm)
+    if opname == "where":
+        shape = _shape(draw)
+        return OpCase("where(keep, a, b)", (Arg("keep", shape, "mask"), Arg("a", shape),
+                                             Arg("b", shape)), shape,
+                      lambda torch, t: torch.where(t["keep"], t["a"], t["b"]))
     if opname == "gather":
         rows, width = draw(SIZES), draw(SIZES)
         ids_shape = _shape(draw, 1, 2)
@@ -149,13 +205,15 @@ def op_cases(draw, opname: str) -> OpCase:
         m, k, n = draw(SIZES), draw(st.sampled_from([1, 2, 3, 4])), draw(SIZES)
         return OpCase("matmul(a, b)", (Arg("a", batch + (m, k)), Arg("b", batch + (k, n))),
                       batch + (m, n), lambda torch, t: t["a"] @ t["b"])
-    if opname in ("sum", "max", "softmax", "log_softmax"):
+    if opname in ("sum", "mean", "max", "min", "softmax", "log_softmax"):
         shape = _shape(draw)
         axis = draw(st.integers(-len(shape), len(shape) - 1))
         keep = opname in ("softmax", "log_softmax")
         out = shape if keep else shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
         torch_fns = {"sum": lambda torch, t: t["a"].sum(dim=axis),
+                     "mean": lambda torch, t: t["a"].mean(dim=axis),
                      "max": lambda torch, t: t["a"].max(dim=axis).values,
+                     "min": lambda torch, t: t["a"].min(dim=axis).values,
                      "softmax": lambda torch, t: torch.softmax(t["a"], dim=axis),
                      "log_softmax": lambda torch, t: torch.log_softmax(t["a"], dim=axis)}
         return OpCase(f"{opname}(a, axis={axis})", (Arg("a", shape),), out, torch_fns[opname])
@@ -166,7 +224,8 @@ def op_cases(draw, opname: str) -> OpCase:
 # tensor IR in test_cast_vjp.
 GRADIENT_CASES = ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "gather",
                   "scatter_add", "broadcast", "reshape", "transpose", "matmul", "sum", "max",
-                  "softmax", "log_softmax")
+                  "softmax", "log_softmax", "pow", "maximum", "minimum", "where", "mean",
+                  "min", "layer_norm", "rms_norm") + tuple(TORCH_UNARY)
 IR_GRADIENT_CASES = ("cast",)
 
 
@@ -265,7 +324,7 @@ def test_vjp_matches_torch_autograd(opname, data, seed):
     program = program_from_text(case_program(case))
     inputs = case_inputs(case, seed)
     value, *grads = interpret(program, "grad", *inputs)
-    tensors = {a.name: torch.tensor(x, requires_grad=a.kind != "ids")
+    tensors = {a.name: torch.tensor(x, requires_grad=a.kind not in ("ids", "mask"))
                for a, x in zip(case.args, inputs, strict=False)}
     cotangent = torch.tensor(inputs[-1])
     loss = (case.torch_fn(torch, tensors) * cotangent).sum()

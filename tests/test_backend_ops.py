@@ -3,6 +3,7 @@ on hypothesis-generated shapes that include sizes that are not multiples of 16."
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +11,15 @@ from hypothesis import strategies as st
 
 from kina_frontend import interpret, parse_ir, program_from_text
 from kina_frontend.ops import REGISTRY
+from kina_frontend.ops.activations import UNARY_ACTIVATIONS
+from kina_frontend.ops.compare import COMPARISON_OPS
 from tilegen.api import compile_program
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "BF16": ml_dtypes.bfloat16}
+CAST_PAIRS = [(s, t) for s in ("F32", "F64", "I64", "BF16", "BOOL")
+              for t in ("F32", "F64", "I64", "BF16", "BOOL")
+              if s != t and not (s in ("I64", "BOOL") and t in ("I64", "BOOL"))] + \
+    [("I64", "BOOL"), ("BOOL", "I64")]
 
 ODD_SIZES = (1, 3, 17, 31, 33)
 SIZES = st.sampled_from(ODD_SIZES + (2, 4, 8, 16, 64))
@@ -45,15 +54,50 @@ def op_cases(draw, opname):
         inputs = [_floats(rng, shape)] + ([] if literal else [_floats(rng, shape,
                                                                       opname == "div")])
         return (f"fn f({params}) -> {_ty(shape)} {{ return {opname}(a, {b}); }}", inputs)
-    if opname in ("neg", "exp", "log", "sqrt", "tanh"):
+    if opname in ("neg", "exp", "log", "sqrt", "tanh") + UNARY_ACTIVATIONS:
         shape = _shape(draw)
-        return (f"fn f(a: {_ty(shape)}) -> {_ty(shape)} {{ return {opname}(a); }}",
-                [_floats(rng, shape, opname in ("log", "sqrt"))])
+        data = _floats(rng, shape, opname in ("log", "sqrt", "rsqrt")) * np.float32(
+            4 if opname in ("erf", "gelu", "gelu_tanh", "sigmoid", "silu") else 1)
+        return (f"fn f(a: {_ty(shape)}) -> {_ty(shape)} {{ return {opname}(a); }}", [data])
+    if opname == "pow":
+        shape = _shape(draw)
+        p = draw(st.sampled_from([2, 3, -1, 0.5, -0.5, 1.7, 0, -2.25]))
+        return (f"fn f(a: {_ty(shape)}) -> {_ty(shape)} {{ return pow(a, {p}); }}",
+                [_floats(rng, shape, True)])
+    if opname in COMPARISON_OPS + ("maximum", "minimum"):
+        shape = _shape(draw)
+        out = _ty(shape, "BOOL") if opname in COMPARISON_OPS else _ty(shape)
+        data = [np.round(_floats(rng, shape)) for _ in range(2)]  # ties
+        if draw(st.booleans()):
+            return (f"fn f(a: {_ty(shape)}) -> {out} {{ return {opname}(a, 0.0); }}", data[:1])
+        return (f"fn f(a: {_ty(shape)}, b: {_ty(shape)}) -> {out} {{ return {opname}(a, b); }}",
+                data)
+    if opname == "where":
+        shape = _shape(draw)
+        other = draw(st.sampled_from(["b", "-1e9"]))
+        return (f"fn f(c: {_ty(shape, 'BOOL')}, a: {_ty(shape)}, b: {_ty(shape)}) -> "
+                f"{_ty(shape)} {{ return where(c, a, {other}); }}",
+                [rng.random(shape) < 0.5, _floats(rng, shape), _floats(rng, shape)])
+    if opname in ("layer_norm", "rms_norm"):
+        shape = _shape(draw)
+        axis = draw(st.integers(-len(shape), len(shape) - 1))
+        width = (shape[axis % len(shape)],)
+        names = ("x", "g", "b") if opname == "layer_norm" else ("x", "g")
+        params = ", ".join(f"{n}: {_ty(shape if n == 'x' else width)}" for n in names)
+        data = [_floats(rng, shape) * np.float32(3) + np.float32(2)] + \
+            [_floats(rng, width) for _ in names[1:]]
+        return (f"fn f({params}) -> {_ty(shape)} {{ return {opname}({', '.join(names)}, "
+                f"axis={axis}, eps=1e-5); }}", data)
+    if opname == "iota":
+        shape = _shape(draw)
+        axis = draw(st.integers(-len(shape), len(shape) - 1))
+        return (f"fn f() -> {_ty(shape, 'I64')} {{ return iota(shape={list(shape)}, "
+                f"axis={axis}); }}", [])
     if opname == "fill":
         shape = _shape(draw)
         return (f"fn f(a: {_ty(shape)}) -> {_ty(shape)} {{ return add(a, 0.75); }}",
                 [_floats(rng, shape)])
-    if opname in ("sum", "max", "argmax", "softmax", "log_softmax"):
+    if opname in ("sum", "mean", "max", "min", "argmax", "softmax", "log_softmax"):
         shape = _shape(draw)
         axis = draw(st.integers(-len(shape), len(shape) - 1))
         positive_axis = axis % len(shape)
@@ -61,7 +105,7 @@ def op_cases(draw, opname):
             shape[:positive_axis] + shape[positive_axis + 1:]
         dtype = "I64" if opname == "argmax" else "F32"
         data = _floats(rng, shape)
-        if opname in ("argmax", "max") and draw(st.booleans()):
+        if opname in ("argmax", "max", "min") and draw(st.booleans()):
             data = np.round(data)  # many ties: argmax must pick the first
         return (f"fn f(a: {_ty(shape)}) -> {_ty(out, dtype)} "
                 f"{{ return {opname}(a, axis={axis}); }}", [data])
@@ -107,20 +151,17 @@ def op_cases(draw, opname):
                 f"{_ty((rows, width))} {{ return scatter_add(u, i, {rows}); }}",
                 [_floats(rng, ids_shape + (width,)), ids])
     if opname == "cast":
-        # `cast` is internal (autodiff emits it): the case is written as tensor IR.
         shape = _shape(draw)
-        source, target = draw(st.sampled_from([("i64", "f32"), ("f32", "f64"),
-                                                ("f64", "f32"), ("i64", "f64")]))
-        dims = ", ".join(str(d) for d in shape)
-        text = (f"func @f(%x: {source}[{dims}]) -> ({target}[{dims}]) {{\n"
-                f"  %y = cast(%x) {{dtype = \"{target}\"}} : {target}[{dims}]\n"
-                "  return %y\n}\n")
-        if source == "i64":
+        source, target = draw(st.sampled_from(CAST_PAIRS))
+        if source == "I64":
             data = rng.integers(-1000, 1000, shape)
+        elif source == "BOOL":
+            data = rng.random(shape) < 0.5
         else:
-            data = (rng.standard_normal(shape) * 100).astype(
-                np.float32 if source == "f32" else np.float64)
-        return ("IR:" + text, [data])
+            data = (rng.standard_normal(shape) * 100).astype(DTYPES[source])
+            data.flat[::3] = 0  # cast to BOOL: zeros are false
+        return (f"fn f(a: {_ty(shape, source)}) -> {_ty(shape, target)} "
+                f"{{ return cast(a, {target}); }}", [data])
     if opname == "one_hot":
         n = draw(SIZES)
         ids_shape = _shape(draw, 1, 2, 256)
@@ -131,7 +172,9 @@ def op_cases(draw, opname):
 
 COVERED = ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "fill", "sum",
            "max", "argmax", "softmax", "log_softmax", "matmul", "transpose", "reshape",
-           "broadcast", "gather", "one_hot", "scatter_add", "cast")
+           "broadcast", "gather", "one_hot", "scatter_add", "cast", "pow", "where", "iota",
+           "maximum", "minimum", "mean", "min", "layer_norm", "rms_norm") + UNARY_ACTIVATIONS + \
+    COMPARISON_OPS
 
 
 def test_every_registry_op_is_covered():
@@ -143,8 +186,12 @@ def _compare(source, inputs, jit):
     program = parse_ir(source[3:]) if source.startswith("IR:") else program_from_text(source)
     (expected,) = interpret(program, "f", *inputs)
     got = compile_program(program, jit=jit).f(*inputs)
-    if expected.dtype == np.int64:
-        np.testing.assert_array_equal(got, expected)
+    assert got.dtype == expected.dtype
+    if expected.dtype in (np.int64, np.bool_, DTYPES["BF16"]):
+        # Integers, BOOL and BF16 exactly: a BF16 result is its f32 value rounded once.
+        np.testing.assert_array_equal(got.view(np.uint16) if expected.dtype == DTYPES["BF16"]
+                                      else got, expected.view(np.uint16) if
+                                      expected.dtype == DTYPES["BF16"] else expected)
     else:
         scale = max(1.0, float(np.max(np.abs(expected))))
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-6 * scale)
@@ -209,3 +256,36 @@ fn f(a: Tensor[F64, [1, 2, 2], @host]) -> Tensor[F32, [2, 2, 1], @host] {
 }"""
     got = compile_program(program_from_text(source)).f(np.ones((1, 2, 2)))
     np.testing.assert_array_equal(got, np.ones((2, 2, 1), np.float32))
+
+
+TRANSFORMER_BLOCKS = {
+    # A padding-masked softmax over attention scores, the mask built from positions.
+    "masked_softmax": ("fn f(s: Tensor[F32, [2, 3, 37, 37], @host], keep: Tensor[BOOL, "
+                       "[2, 3, 37, 37], @host]) -> Tensor[F32, [2, 3, 37, 37], @host] {\n"
+                       "  let future = greater(iota(shape=[2, 3, 37, 37], axis=3), "
+                       "iota(shape=[2, 3, 37, 37], axis=2));\n"
+                       "  return softmax(where(keep, where(future, -1e9, s * 0.125), -1e9), "
+                       "axis=3);\n}"),
+    # A GELU epilogue on a matmul big enough for the packed kernel, then layer norm rows.
+    "ffn_block": ("fn f(x: Tensor[F32, [67, 96], @host], w: Tensor[F32, [96, 161], @host], "
+                  "g: Tensor[F32, [161], @host], b: Tensor[F32, [161], @host]) -> "
+                  "Tensor[F32, [67, 161], @host] {\n"
+                  "  return layer_norm(gelu(x @ w) + 1.0, g, b, axis=1, eps=1e-12);\n}"),
+    "rms_silu": ("fn f(x: Tensor[F32, [33, 48], @host], g: Tensor[F32, [48], @host]) -> "
+                 "Tensor[F32, [33, 48], @host] {\n"
+                 "  return silu(rms_norm(x, g, axis=-1, eps=1e-6)) * sigmoid(x);\n}"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMER_BLOCKS))
+def test_transformer_blocks_match_the_interpreter(name):
+    program = program_from_text(TRANSFORMER_BLOCKS[name])
+    rng = np.random.default_rng(7)
+    inputs = []
+    for param in program.function("f").params:
+        shape = param.type.concrete_shape
+        inputs.append(rng.random(shape) < 0.8 if param.type.dtype.kina_name == "BOOL"
+                      else rng.standard_normal(shape).astype(np.float32))
+    (expected,) = interpret(program, "f", *inputs)
+    got = compile_program(program).f(*inputs)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

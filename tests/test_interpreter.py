@@ -82,7 +82,20 @@ ORACLE_TESTS = {
     "sqrt": ["test_unary_f32", "test_log_sqrt_edges"],
     "tanh": ["test_unary_f32"],
     "fill": ["test_number_literal_operands"],
-    "cast": ["test_cast"],
+    "cast": ["test_cast", "test_source_casts"],
+    **{op: ["test_activations"] for op in ("relu", "gelu", "gelu_tanh", "erf", "sigmoid",
+                                           "silu", "rsqrt", "abs")},
+    **{op: ["test_comparisons"] for op in ("less", "less_equal", "greater", "greater_equal",
+                                           "equal", "not_equal")},
+    "pow": ["test_pow"],
+    "maximum": ["test_maximum_minimum"],
+    "minimum": ["test_maximum_minimum"],
+    "where": ["test_where"],
+    "iota": ["test_iota"],
+    "mean": ["test_mean_min"],
+    "layer_norm": ["test_norms"],
+    "rms_norm": ["test_norms"],
+    "min": ["test_mean_min"],
     "gather": ["test_gather", "test_out_of_range_ids"],
     "scatter_add": ["test_scatter_add", "test_out_of_range_ids"],
     "one_hot": ["test_one_hot", "test_out_of_range_ids"],
@@ -658,3 +671,139 @@ def test_storylm0_rollout_rows_decode_greedy_and_sampled() -> None:
     (sampled,) = interpret(program, "sample_row", row, u, temperature)
     scores = [row[0, 0, j] / 0.8 - math.log(-math.log(u[0, 0, j])) for j in range(8)]
     assert sampled[0, 0] == first_index_of_max(scores)
+
+
+# ---- the transformer op set ---------------------------------------------------------------
+
+def _gelu(v: float) -> float:
+    return 0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0)))
+
+
+def _gelu_tanh(v: float) -> float:
+    return 0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
+
+
+ACTIVATIONS = {
+    "relu": lambda v: v if v > 0 else 0.0, "gelu": _gelu, "gelu_tanh": _gelu_tanh,
+    "erf": math.erf, "sigmoid": lambda v: 1.0 / (1.0 + math.exp(-v)),
+    "silu": lambda v: v / (1.0 + math.exp(-v)), "rsqrt": lambda v: 1.0 / math.sqrt(v),
+    "abs": abs,
+}
+
+
+@SETTINGS
+@given(shapes, seeds, st.sampled_from(sorted(ACTIVATIONS)))
+def test_activations(shape, seed, op) -> None:
+    x = floats(seed, shape, 0.05 if op == "rsqrt" else -6.0, 6.0)
+    (out,) = run(unary_program(f"{op}(x)", shape), x)
+    assert out.dtype == np.float32 and out.shape == shape
+    np.testing.assert_allclose(out, elementwise(ACTIVATIONS[op], x), rtol=3e-7, atol=1e-30)
+
+
+@SETTINGS
+@given(shapes, seeds, st.sampled_from([2, 3, -1, 0.5, 1.7, 0]))
+def test_pow(shape, seed, p) -> None:
+    x = floats(seed, shape, 0.05, 3.0)
+    (out,) = run(unary_program(f"pow(x, {p})", shape), x)
+    np.testing.assert_allclose(out, elementwise(lambda v: v ** p, x), rtol=3e-7)
+
+
+COMPARE = {"less": float.__lt__, "less_equal": float.__le__, "greater": float.__gt__,
+           "greater_equal": float.__ge__, "equal": float.__eq__, "not_equal": float.__ne__}
+
+
+@SETTINGS
+@given(shapes, seeds, st.sampled_from(sorted(COMPARE)))
+def test_comparisons(shape, seed, op) -> None:
+    x, y = np.round(floats(seed, shape)), np.round(floats(seed + 1, shape))
+    x.flat[0] = np.nan  # every ordered comparison with NaN is false, not_equal true
+    text = (f"fn f(x: {ktype('F32', shape)}, y: {ktype('F32', shape)}) -> "
+            f"{ktype('BOOL', shape)} {{ return {op}(x, y); }}")
+    (out,) = run(text, x, y)
+    assert out.dtype == np.bool_
+    expected = elementwise(COMPARE[op], x, y, dtype=np.bool_)
+    np.testing.assert_array_equal(out, expected)
+
+
+@SETTINGS
+@given(shapes, seeds, st.sampled_from(["maximum", "minimum"]))
+def test_maximum_minimum(shape, seed, op) -> None:
+    x, y = floats(seed, shape), floats(seed + 1, shape)
+    pick = max if op == "maximum" else min
+    text = (f"fn f(x: {ktype('F32', shape)}, y: {ktype('F32', shape)}) -> "
+            f"{ktype('F32', shape)} {{ return {op}(x, y); }}")
+    (out,) = run(text, x, y)
+    np.testing.assert_array_equal(out, elementwise(pick, x, y))
+
+
+@SETTINGS
+@given(shapes, seeds)
+def test_where(shape, seed) -> None:
+    cond = np.random.default_rng(seed).random(shape) < 0.5
+    x = floats(seed, shape)
+    text = (f"fn f(c: {ktype('BOOL', shape)}, x: {ktype('F32', shape)}) -> "
+            f"{ktype('F32', shape)} {{ return where(c, x, 2.5); }}")
+    (out,) = run(text, cond, x)
+    np.testing.assert_array_equal(out, elementwise(lambda c, v: v if c else 2.5, cond, x))
+
+
+@SETTINGS
+@given(shapes, st.integers(0, 2))
+def test_iota(shape, axis) -> None:
+    axis = axis % len(shape)
+    (out,) = interpret(compiled(f"fn f() -> {ktype('I64', shape)} {{ return iota(shape="
+                                f"{list(shape)}, axis={axis}); }}"), "f")
+    for index in np.ndindex(*shape):
+        assert out[index] == index[axis]
+
+
+@SETTINGS
+@given(shapes, seeds, st.sampled_from(["mean", "min"]))
+def test_mean_min(shape, seed, op) -> None:
+    x = floats(seed, shape)
+    axis = len(shape) - 1
+    text = unary_program(f"{op}(x, axis={axis})", shape, out_shape=shape[:-1])
+    (out,) = run(text, x)
+    for index in np.ndindex(*shape[:-1]):
+        row = [float(x[index + (j,)]) for j in range(shape[-1])]
+        want = math.fsum(row) / len(row) if op == "mean" else min(row)
+        np.testing.assert_allclose(out[index], want, rtol=1e-6, atol=1e-7)
+
+
+def test_source_casts() -> None:
+    x = np.array([-2.7, -0.0, 0.4, 1e30, np.nan, 3.5], np.float32)
+    (as_int,) = run(unary_program("cast(x, I64)", (6,), out_dtype="I64"), x)
+    assert as_int.tolist() == [-2, 0, 0, 2 ** 63 - 1, 0, 3]  # truncated, saturated, NaN -> 0
+    (as_bool,) = run(unary_program("cast(x, BOOL)", (6,), out_dtype="BOOL"), x)
+    assert as_bool.tolist() == [True, False, True, True, True, True]
+    (as_bf16,) = run(unary_program("cast(x, BF16)", (6,), out_dtype="BF16"), x)
+    for got, value in zip(as_bf16.view(np.uint16).tolist(), x.tolist(), strict=True):
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        if math.isnan(value):
+            assert got & 0x7F80 == 0x7F80 and got & 0x7F
+            continue
+        # Round to nearest, ties to even, on the upper 16 bits.
+        assert got == (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+@SETTINGS
+@given(shapes, seeds, st.sampled_from(["layer_norm", "rms_norm"]))
+def test_norms(shape, seed, op) -> None:
+    x = floats(seed, shape) + np.float32(1)
+    width = shape[-1]
+    gamma, beta = floats(seed + 1, (width,)), floats(seed + 2, (width,))
+    vec = ktype("F32", (width,))
+    params = f"x: {ktype('F32', shape)}, g: {vec}" + (f", b: {vec}" if op == "layer_norm" else "")
+    call = "layer_norm(x, g, b" if op == "layer_norm" else "rms_norm(x, g"
+    text = f"fn f({params}) -> {ktype('F32', shape)} {{ return {call}, axis=-1, eps=0.001); }}"
+    args = (x, gamma, beta) if op == "layer_norm" else (x, gamma)
+    (out,) = run(text, *args)
+    for index in np.ndindex(*shape[:-1]):
+        row = [float(x[index + (j,)]) for j in range(width)]
+        shift = math.fsum(row) / width if op == "layer_norm" else 0.0
+        spread = math.fsum((v - shift) ** 2 for v in row) / width
+        for j, v in enumerate(row):
+            want = (v - shift) / math.sqrt(spread + 0.001) * float(gamma[j])
+            if op == "layer_norm":
+                want += float(beta[j])
+            np.testing.assert_allclose(out[index + (j,)], want, rtol=2e-6, atol=2e-6)

@@ -37,6 +37,7 @@ from kina_frontend.diagnostics import Source
 from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Program, parse_ir
 from kina_frontend.transforms import placeholders_to_params
+from kina_frontend.types import DType
 from tilegen.mlir import (
     LOWERING_PIPELINE,
     MLIR_OPT,
@@ -184,6 +185,50 @@ fn main() {{
   let z = sum(y, axis=1);
 }}""", id_limit=3, entry="main"),
 ]
+def bool_(*dims) -> str:
+    return f"Tensor[BOOL, [{', '.join(str(d) for d in dims)}], @host]"
+
+
+def bf16(*dims) -> str:
+    return f"Tensor[BF16, [{', '.join(str(d) for d in dims)}], @host]"
+
+
+# The transformer op set: activations, comparisons, where, iota, cast, mean, min.
+CASES += [Case(name, fn(f"x: {f32(3, 5)}", f32(3, 5), f"return {name}(x);"))
+          for name in ("relu", "gelu", "gelu_tanh", "erf", "sigmoid", "silu", "abs")]
+CASES += [
+    Case("rsqrt", fn(f"x: {f32(7)}", f32(7), "return rsqrt(x);"), positive=True),
+    Case("abs_i64", fn(f"a: {i64(4)}", i64(4), "return abs(a);")),
+    Case("pow", fn(f"x: {f32(2, 3)}", f32(2, 3), "return pow(x, 1.5);"), positive=True),
+    Case("maximum", fn(f"x: {f32(2, 3)}, y: {f32(2, 3)}", f32(2, 3), "return maximum(x, y);")),
+    Case("minimum_literal", fn(f"x: {f32(5)}", f32(5), "return minimum(x, 0.25);")),
+    Case("maximum_i64", fn(f"a: {i64(5)}, b: {i64(5)}", i64(5), "return maximum(a, b);")),
+    Case("minimum", fn(f"a: {i64(5)}, b: {i64(5)}", i64(5), "return minimum(a, b);")),
+    Case("mean", fn(f"x: {f32(3, 5)}", f32(3), "return mean(x, axis=1);")),
+    Case("min", fn(f"x: {f32(3, 5, 2)}", f32(3, 2), "return min(x, axis=1);")),
+    Case("min_i64", fn(f"a: {i64(3, 4)}", i64(4), "return min(a, axis=0);"), id_limit=50),
+    Case("where", fn(f"c: {bool_(2, 3)}, x: {f32(2, 3)}", f32(2, 3),
+                     "return where(c, x, -1e9);")),
+    Case("iota", fn("", i64(2, 3), "return iota(shape=[2, 3], axis=0);")),
+    Case("iota_mask", fn(f"x: {f32(1, 4, 4)}", f32(1, 4, 4), "return where(greater(iota("
+                         "shape=[1, 4, 4], axis=2), iota(shape=[1, 4, 4], axis=1)), -1e9, x);")),
+    Case("cast_f32_bf16", fn(f"x: {f32(6)}", bf16(6), "return cast(x, BF16);")),
+    Case("cast_bf16_f32", fn(f"x: {f32(6)}", f32(6), "return cast(cast(x, BF16), F32);")),
+    Case("cast_f64_bf16", fn(f"x: {f64(6)}", f32(6), "return cast(cast(x, BF16), F32);")),
+    Case("cast_bool", fn(f"x: {f32(6)}", f32(6), "return cast(cast(x, BOOL), F32);")),
+    Case("cast_i64", fn(f"x: {f32(6)}", i64(6), "return cast(mul(x, 10.0), I64);")),
+    Case("cast_bool_i64", fn(f"c: {bool_(6)}", i64(6), "return cast(c, I64);")),
+    Case("layer_norm", fn(f"x: {f32(3, 5)}, g: {f32(5)}, b: {f32(5)}", f32(3, 5),
+                          "return layer_norm(x, g, b, axis=1, eps=1e-5);")),
+    Case("layer_norm_axis0", fn(f"x: {f32(4, 3)}, g: {f32(4)}, b: {f32(4)}", f32(4, 3),
+                                "return layer_norm(x, g, b, axis=0, eps=1e-5);")),
+    Case("rms_norm", fn(f"x: {f32(2, 3, 6)}, g: {f32(6)}", f32(2, 3, 6),
+                        "return rms_norm(x, g, axis=-1, eps=1e-6);")),
+]
+CASES += [Case(name, fn(f"x: {f32(3, 4)}, y: {f32(3, 4)}", bool_(3, 4),
+                        f"return {name}(x, y);"), ties=True)
+          for name in ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")]
+CASES += [Case("equal_i64", fn(f"a: {i64(5)}", bool_(5), "return equal(a, 2);"))]
 # Internal ops (produced by the autodiff transform, not written in Kina) as tensor IR.
 CASES += [
     Case("cast_i64_f32", """func @f(%x: i64[2, 3]) -> (f32[2, 3]) {
@@ -223,7 +268,9 @@ def case_inputs(case: Case, prog: Program) -> list[np.ndarray]:
     for param in function.params:
         shape = param.type.concrete_shape
         dtype = param.type.dtype.numpy
-        if not param.type.dtype.is_float:
+        if param.type.dtype == DType.BOOL:
+            inputs.append(rng.random(shape) < 0.5)
+        elif not param.type.dtype.is_float:
             inputs.append(rng.integers(0, case.id_limit, size=shape, dtype=np.int64))
         elif case.positive:
             inputs.append(rng.uniform(0.5, 2.0, size=shape).astype(dtype))
@@ -291,7 +338,7 @@ class LoweredModule:
 
 def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape, what
-    if np.issubdtype(want.dtype, np.integer):
+    if np.issubdtype(want.dtype, np.integer) or want.dtype == np.bool_:
         np.testing.assert_array_equal(got, want, err_msg=what)
     else:
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=what)

@@ -26,6 +26,8 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 
+from kina_frontend.types import DType
+
 from .target import compiler_identity
 
 MEMORY_ENTRIES = 32
@@ -42,6 +44,8 @@ def compiler_fingerprint() -> str:
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
     digest.update(compiler_identity().encode())
+    # Native entries compare dtype numbers, and bfloat16's is assigned at run time.
+    digest.update(str(DType.BF16.numpy.num).encode())
     return digest.hexdigest()
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from . import loopir as L
+from . import storage
 from .affine import to_affine
 from .vecmath import MathLibrary
 
@@ -23,7 +24,8 @@ I1 = ir.IntType(1)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
-SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL: I1}
+SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL: I1,
+               **storage.STORAGE_LLVM}
 
 # Static reduction loops, innermost loops and runs of vector tiles with at most this many
 # trips are unrolled as they are emitted.
@@ -657,6 +659,13 @@ class KernelCodegen:
         return self.b.add(self._splat(base, width), steps)
 
     def _load(self, load: L.Load) -> Val:
+        loaded = self._load_stored(load)
+        kind = self.buffers[load.buffer].dtype
+        if kind in storage.STORAGE_LLVM:
+            return Val(storage.widen(self.b, loaded.value, kind), loaded.vector)
+        return loaded
+
+    def _load_stored(self, load: L.Load) -> Val:
         buffer = self.buffers[load.buffer]
         element = SCALAR_LLVM[buffer.dtype]
         plan = self._address_plan(buffer, load.index)
@@ -690,6 +699,8 @@ class KernelCodegen:
         buffer = self.buffers[store.buffer]
         element = SCALAR_LLVM[buffer.dtype]
         value = self.expr(store.value)
+        if buffer.dtype in storage.STORAGE_LLVM:
+            value = Val(storage.narrow(self.b, value.value, buffer.dtype), value.vector)
         plan = self._address_plan(buffer, store.index)
         if plan[0] == "scalar":
             if value.vector:
@@ -817,9 +828,15 @@ class KernelCodegen:
         if op == "neg":
             result = self.b.fneg(value) if dtype in L.FLOAT_TYPES else self.b.neg(value)
             return Val(result, operand.vector)
-        if op == "sqrt":
-            return Val(self.b.call(self._intrinsic("llvm.sqrt", value.type, [value.type]),
-                                   [value]), operand.vector)
+        if op in ("sqrt", "abs") and dtype in L.FLOAT_TYPES:
+            name = "llvm.sqrt" if op == "sqrt" else "llvm.fabs"
+            return Val(self.b.call(self._intrinsic(name, value.type, [value.type]), [value]),
+                       operand.vector)
+        if op == "abs":
+            function = self._intrinsic("llvm.abs", value.type, [value.type, I1])
+            return Val(self.b.call(function, [value, ir.Constant(I1, 0)]), operand.vector)
+        if op == "round_bf16":
+            return Val(storage.round_bf16(self.b, value), operand.vector)
         return Val(self.math.call(self.b, op, value), operand.vector)
 
     def _cast(self, value: Val, source: str, target: str) -> Val:
@@ -831,7 +848,11 @@ class KernelCodegen:
         if source == L.I64 and target in L.FLOAT_TYPES:
             return Val(self.b.sitofp(value.value, ty), value.vector)
         if source in L.FLOAT_TYPES and target == L.I64:
-            return Val(self.b.fptosi(value.value, ty), value.vector)
+            # Saturating: NaN gives 0 and out-of-range values the nearest bound (plain
+            # fptosi would be poison there).
+            function = self._intrinsic("llvm.fptosi.sat", ty, [value.value.type],
+                                       overload=(ty, value.value.type))
+            return Val(self.b.call(function, [value.value]), value.vector)
         if source == L.F32 and target == L.F64:
             return Val(self.b.fpext(value.value, ty), value.vector)
         if source == L.F64 and target == L.F32:
@@ -839,6 +860,11 @@ class KernelCodegen:
         if source == L.BOOL:
             return Val(self.b.uitofp(value.value, ty) if target in L.FLOAT_TYPES
                        else self.b.zext(value.value, ty), value.vector)
+        if target == L.BOOL:  # nonzero is true; NaN is nonzero, as in NumPy
+            zero = ir.Constant(value.value.type, None)
+            return Val(self.b.fcmp_unordered("!=", value.value, zero) if source in
+                       L.FLOAT_TYPES else self.b.icmp_signed("!=", value.value, zero),
+                       value.vector)
         raise TypeError(f"cast {source} -> {target}")
 
     # ---- reductions ---------------------------------------------------------------------------

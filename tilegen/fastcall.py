@@ -23,6 +23,8 @@ import sys
 import numpy as np
 from llvmlite import ir
 
+from kina_frontend.types import DType
+
 from . import loopir as L
 
 I8 = ir.IntType(8)
@@ -50,9 +52,11 @@ RELEASE_GIL_WORK = 200_000
 
 
 def _accepted_type_nums(dtype: str) -> tuple[int, ...]:
-    target = np.dtype({L.F32: np.float32, L.F64: np.float64, L.I64: np.int64}[dtype])
+    # ml_dtypes' bfloat16 is a user dtype: its number is assigned when ml_dtypes registers
+    # it (once per process, before any entry is built, since the DType table imports it).
+    target = DType(dtype).numpy
     return tuple(sorted({np.dtype(c).num for c in np.typecodes["All"]
-                         if np.dtype(c) == target}))
+                         if np.dtype(c) == target} | {target.num}))
 
 
 def declare_runtime_table(module: ir.Module) -> ir.GlobalVariable:

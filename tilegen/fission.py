@@ -62,8 +62,7 @@ def _with_row_reduction(producer: L.Stmt, consumer: L.Stmt,
             inner.extent > MAX_ROW_EXTENT:
         return None
     store = inner.body[0]
-    if any(isinstance(e, L.Unary) and e.op in ("exp", "log", "tanh")
-           for e in L.subexpressions(store.value)) or \
+    if any(L.is_expensive(e) for e in L.subexpressions(store.value)) or \
             L.contains(store.value, (L.CheckedId,)):
         return None
     consumer_loops = L.perfect_nest(consumer)

@@ -15,16 +15,29 @@ from dataclasses import dataclass, field
 # Scalar types of expressions.
 F32, F64, I64, BOOL = "f32", "f64", "i64", "i1"
 FLOAT_TYPES = (F32, F64)
+# Storage-only buffer types: a load widens to the value type, a store narrows (bf16 rounds
+# to nearest even, a bool is one byte holding 0 or 1, as in NumPy).
+BF16_STORAGE, BOOL_STORAGE = "bf16", "bool"
+STORAGE_VALUE_TYPES = {BF16_STORAGE: F32, BOOL_STORAGE: BOOL}
 
 BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "floordiv", "mod",
               "lt", "le", "eq", "ne", "gt", "ge", "and", "or")
 COMPARISONS = ("lt", "le", "eq", "ne", "gt", "ge")
-UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh")
+UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh", "erf", "abs", "round_bf16")
+# What one evaluation of a unary costs, in the units of `expr_cost` (others cost 1): the
+# transcendentals are a range reduction and a polynomial each. Passes that weigh or avoid
+# expensive element work (materialisation, fission) read this table, not op names.
+UNARY_COST = {"exp": 12, "log": 12, "tanh": 12, "erf": 16, "round_bf16": 3}
 # `maxnum` ignores NaN (for row maxima whose NaNs surface anyway, as in softmax); `max`
 # returns NaN when any element is NaN, like numpy.
 REDUCE_OPS = ("sum", "max", "maxnum", "argmax")
 # Bytes per element of a buffer.
-ELEMENT_BYTES = {F32: 4, F64: 8, I64: 8}
+ELEMENT_BYTES = {F32: 4, F64: 8, I64: 8, BF16_STORAGE: 2, BOOL_STORAGE: 1}
+
+
+def value_type(dtype: str) -> str:
+    """The scalar type loads from a buffer of `dtype` produce (f32 for bf16, i1 for bool)."""
+    return STORAGE_VALUE_TYPES.get(dtype, dtype)
 
 
 class Expr:
@@ -406,6 +419,28 @@ def free_vars(expr: Expr) -> frozenset[str]:
     return frozenset(names)
 
 
+def is_expensive(expr: Expr) -> bool:
+    """A transcendental unary (see UNARY_COST): worth keeping out of short dependent chains."""
+    return isinstance(expr, Unary) and UNARY_COST.get(expr.op, 1) >= 12
+
+
+def round_bf16(expr: Expr) -> Expr:
+    """`expr` (f32) rounded to the nearest bfloat16, still as an f32 value. Loads from a
+    bf16 buffer and already-rounded values are returned as they are."""
+    if isinstance(expr, Unary) and expr.op == "round_bf16":
+        return expr
+    if isinstance(expr, Const):
+        return Const(_bf16_value(float(expr.value)), F32)
+    return Unary("round_bf16", expr, F32)
+
+
+def _bf16_value(value: float) -> float:
+    import ml_dtypes
+    import numpy as np
+
+    return float(np.float32(value).astype(ml_dtypes.bfloat16))
+
+
 def contains(expr: Expr, kinds: tuple[type, ...]) -> bool:
     if isinstance(expr, kinds):
         return True
@@ -419,8 +454,8 @@ def expr_cost(expr: Expr) -> int:
     if isinstance(expr, Reduce):
         return expr.extent * (1 + expr_cost(expr.body))
     own = 1
-    if isinstance(expr, Unary) and expr.op in ("exp", "log", "tanh"):
-        own = 12
+    if isinstance(expr, Unary):
+        own = UNARY_COST.get(expr.op, 1)
     elif isinstance(expr, Binary) and expr.op in ("div", "floordiv", "mod"):
         own = 4
     return own + sum(expr_cost(c) for c in children(expr))

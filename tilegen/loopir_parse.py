@@ -16,7 +16,7 @@ from . import loopir as L
 
 _TOKEN = re.compile(r"""\s*(?:
       (?P<string>"(?:[^"\\]|\\.)*")
-    | (?P<number>-?(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+|inf|nan)(?::(?:f32|f64))?)
+    | (?P<number>-?(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+|inf|nan)(?::(?:f32|f64|i1))?)
     | (?P<word>[A-Za-z_][A-Za-z0-9_.]*)
     | (?P<punct>\.\.|//|<=|>=|==|!=|&&|\|\||[@:,=()\[\]{}<>+\-*/%])
     )""", re.VERBOSE)
@@ -263,7 +263,7 @@ class _Parser:
             buffer = self.buffers.get(name)
             if buffer is None:
                 raise LoopIRParseError(f"unknown buffer {name!r}")
-            return L.Load(name, self.index_list(), buffer.dtype)
+            return L.Load(name, self.index_list(), L.value_type(buffer.dtype))
         if self.peek() == "(":
             self.take()
             args = [self.expr()]
@@ -273,7 +273,7 @@ class _Parser:
             self.take(")")
             if name == "select":
                 return L.Select(args[0], args[1], args[2], args[1].dtype)
-            if name in (L.F32, L.F64, L.I64):
+            if name in (L.F32, L.F64, L.I64, L.BOOL):
                 return L.Cast(args[0], name)
             if name in L.UNARY_OPS:
                 return L.Unary(name, args[0], args[0].dtype)

@@ -41,8 +41,8 @@ GEMM_PARALLEL_WORK = 1 << 21
 MATERIALIZE_COST = 6
 
 def scalar_type(dtype: DType) -> str:
-    # DType values ("f32", "f64", "i64") are the loop IR's scalar type names.
-    return dtype.value
+    """The loop IR's scalar type for elements of `dtype` (f32 for BF16, i1 for BOOL)."""
+    return L.value_type(dtype.value)
 
 
 @dataclass
@@ -110,7 +110,7 @@ class LowerContext:
         return View(ttype, at)
 
     def buffer_view(self, buffer: L.Buffer, ttype: TensorType, param: str | None = None) -> View:
-        dtype = buffer.dtype
+        dtype = L.value_type(buffer.dtype)
         name = buffer.name
         return View(ttype, lambda index: L.Load(name, tuple(index), dtype), name, param)
 
@@ -145,12 +145,13 @@ class LowerContext:
             source = index[:-2] + (index[-1], index[-2])
             return [L.Store(buffer.name, index, view.at(source))]
         self.body.extend(self.loops(stored, store))
-        dtype, name = buffer.dtype, buffer.name
+        dtype, name = L.value_type(buffer.dtype), buffer.name
         return View(view.type, lambda index: L.Load(name, tuple(index[:-2]) + (
             index[-1], index[-2]), dtype), name)
 
     def add_buffer(self, hint: str, ttype: TensorType, role: str) -> L.Buffer:
-        buffer = L.Buffer(self.fresh_name(_sanitize(hint)), scalar_type(ttype.dtype),
+        # DType values ("f32", "bf16", "bool", ...) are the loop IR's buffer type names.
+        buffer = L.Buffer(self.fresh_name(_sanitize(hint)), ttype.dtype.value,
                           ttype.concrete_shape, role)
         self.buffers.append(buffer)
         return buffer
@@ -244,6 +245,8 @@ def lower_function(function: Function, kernel_name: str | None = None,
         rule = _lower_rule(op, ctx)
         produced = rule(ctx, op, [views[v.name] for v in op.operands])
         (result,) = op.results
+        if result.type.dtype is DType.BF16 and isinstance(produced, View):
+            produced = _rounded_to_bf16(produced)
         position = result_position.get(result.name)
         if position is not None:
             buffer = ctx.add_buffer(f"out{position}", result.type, "output")
@@ -271,6 +274,19 @@ def lower_function(function: Function, kernel_name: str | None = None,
     return L.Kernel(kernel_name or function.name, tuple(ctx.buffers),
                     tuple(ctx.prologue) + tuple(ctx.body),
                     tuple(inputs), tuple(outputs), tuple(ctx.check_sites))
+
+
+def _rounded_to_bf16(view: View) -> View:
+    """A BF16 result computed in f32 rounds to bf16 at the op, as the reference does (loads
+    from bf16 buffers and values already rounded are left alone)."""
+    at = view.at
+
+    def rounded(index):
+        value = at(index)
+        if isinstance(value, L.Load):
+            return value
+        return L.round_bf16(value)
+    return View(view.type, rounded, view.buffer, view.param, view.depth)
 
 
 def _write(ctx: LowerContext, produced: View | L.RowKernel, buffer: L.Buffer) -> None:

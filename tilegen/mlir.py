@@ -69,12 +69,14 @@ LOWERING_PIPELINE = (
     "--reconcile-unrealized-casts",
 )
 
-_ELEMENT_TYPES = {DType.F32: "f32", DType.F64: "f64", DType.I64: "i64"}
+_ELEMENT_TYPES = {DType.F32: "f32", DType.F64: "f64", DType.I64: "i64", DType.BF16: "bf16",
+                  DType.BOOL: "i1"}
 # Bit patterns for the non-finite float constants (MLIR float literals are decimal or hex).
 _NONFINITE_HEX = {
     DType.F32: {"inf": "0x7F800000", "-inf": "0xFF800000", "nan": "0x7FC00000"},
     DType.F64: {"inf": "0x7FF0000000000000", "-inf": "0xFFF0000000000000",
                 "nan": "0x7FF8000000000000"},
+    DType.BF16: {"inf": "0x7F80", "-inf": "0xFF80", "nan": "0x7FC0"},
 }
 
 

@@ -11,19 +11,19 @@ from ..types import DType, TensorType, format_dim
 from .registry import OpDef, Param, register
 
 
-def _same_shape(ctx, lhs: TensorType, rhs: TensorType, opname: str) -> None:
+def same_shape(ctx, lhs: TensorType, rhs: TensorType, opname: str, at: str = "rhs") -> None:
     if lhs.dtype != rhs.dtype:
         ctx.fail("type", f"'{opname}' operands have different element types: "
-                 f"{lhs.dtype.kina_name} and {rhs.dtype.kina_name}", at="rhs")
+                 f"{lhs.dtype.kina_name} and {rhs.dtype.kina_name}", at=at)
     if lhs.rank != rhs.rank:
         ctx.fail("shape", f"'{opname}' operands have different ranks: {lhs} and {rhs}",
-                 at="rhs", notes=("elementwise ops need equal shapes; use broadcast(x, [dims]) "
+                 at=at, notes=("elementwise ops need equal shapes; use broadcast(x, [dims]) "
                                   "to expand one side",))
     for axis, (a, b) in enumerate(zip(lhs.shape, rhs.shape, strict=True)):
         ctx.prove_equal(a, b, "equal-shape",
                         f"{opname}: dim {axis} {format_dim(a)} == {format_dim(b)}",
                         f"'{opname}' operand shapes differ at dim {axis}: {lhs} vs {rhs}",
-                        at="rhs",
+                        at=at,
                         notes=("elementwise ops need equal shapes; use broadcast(x, [dims]) "
                                "to expand one side",))
 
@@ -31,7 +31,7 @@ def _same_shape(ctx, lhs: TensorType, rhs: TensorType, opname: str) -> None:
 def _binary_rule(opname: str, float_only: bool):
     def rule(ctx, operands, attrs):
         lhs, rhs = operands
-        _same_shape(ctx, lhs, rhs, opname)
+        same_shape(ctx, lhs, rhs, opname)
         if float_only and not lhs.dtype.is_float:
             ctx.fail("type", f"'{opname}' needs floating-point operands, got "
                      f"{lhs.dtype.kina_name}", at="lhs")
@@ -49,11 +49,16 @@ def _unary_rule(opname: str, float_only: bool):
     return rule
 
 
+def widened(array: np.ndarray) -> np.ndarray:
+    """A BF16 array as the f32 its arithmetic runs in; other arrays as they are."""
+    return array.astype(np.float32) if array.dtype == DType.BF16.numpy else array
+
+
 def _binary_reference(ufunc):
     def reference(args, attrs):
         lhs, rhs = args
         with np.errstate(all="ignore"):
-            return (ufunc(lhs, rhs).astype(lhs.dtype, copy=False),)
+            return (ufunc(widened(lhs), widened(rhs)).astype(lhs.dtype, copy=False),)
     return reference
 
 
@@ -61,11 +66,12 @@ def _unary_reference(ufunc):
     def reference(args, attrs):
         (x,) = args
         with np.errstate(all="ignore"):
-            return (ufunc(x).astype(x.dtype, copy=False),)
+            return (ufunc(widened(x)).astype(x.dtype, copy=False),)
     return reference
 
 
-def _binary_lower(opname: str):
+def binary_lower(opname: str):
+    """The rule for an elementwise op that is one loop-IR binary `opname`."""
     def lower(ctx, op, operands):
         lhs, rhs = operands
         return ctx.view(op.result.type, lambda index: L.binary(opname, lhs.at(index),
@@ -178,25 +184,25 @@ add = register(OpDef(
     "lhs + rhs elementwise",
     vjp=_add_vjp,
     mlir=_binary_mlir("add"),
-    lower=_binary_lower("add")))
+    lower=binary_lower("add")))
 sub = register(OpDef(
     "sub", "elementwise", _BINARY_PARAMS, _binary_rule("sub", False),
     _binary_reference(np.subtract), "lhs - rhs elementwise",
     vjp=_sub_vjp,
     mlir=_binary_mlir("sub"),
-    lower=_binary_lower("sub")))
+    lower=binary_lower("sub")))
 mul = register(OpDef(
     "mul", "elementwise", _BINARY_PARAMS, _binary_rule("mul", False),
     _binary_reference(np.multiply), "lhs * rhs elementwise",
     vjp=_mul_vjp,
     mlir=_binary_mlir("mul"),
-    lower=_binary_lower("mul")))
+    lower=binary_lower("mul")))
 div = register(OpDef(
     "div", "elementwise", _BINARY_PARAMS, _binary_rule("div", True),
     _binary_reference(np.divide), "lhs / rhs elementwise (floating point only)",
     vjp=_div_vjp,
     mlir=_binary_mlir("div"),
-    lower=_binary_lower("div")))
+    lower=binary_lower("div")))
 
 neg = register(OpDef(
     "neg", "elementwise", (Param("x", "tensor"),), _unary_rule("neg", False),
@@ -240,8 +246,7 @@ def _fill_reference(args, attrs):
 
 
 def _fill_lower(ctx, op, operands):
-    # DType values ("f32", "f64", "i64") are the loop IR's scalar type names.
-    constant = L.Const(op.attr("value"), op.attr("dtype"))
+    constant = L.Const(op.attr("value"), L.value_type(op.attr("dtype")))
     return ctx.view(op.result.type, lambda index: constant)
 
 
@@ -261,52 +266,95 @@ fill = register(OpDef(
 def _cast_rule(ctx, operands, attrs):
     (x,) = operands
     target = DType(attrs["dtype"])
-    if not target.is_float:
-        ctx.fail("type", f"'cast' converts to a floating-point type, not {target.kina_name}",
-                 at="dtype", notes=("argmax is the way from floats to integer ids",))
+    if not (target.is_float or x.dtype.is_float or DType.BOOL in (x.dtype, target)):
+        ctx.fail("type", f"'cast' from {x.dtype.kina_name} to {target.kina_name} is the "
+                 "identity", at="dtype")
     return (x.with_dtype(target),)
+
+
+_INT64_BOUND = 2.0 ** 63
 
 
 def _cast_reference(args, attrs):
     (x,) = args
-    return (x.astype(DType(attrs["dtype"]).numpy),)
+    target = DType(attrs["dtype"])
+    if target == DType.BOOL:
+        return (x != 0,)  # NaN is nonzero
+    source = widened(x)
+    if target == DType.I64 and x.dtype.kind == "f":
+        # Truncation toward zero, saturating at the I64 bounds, NaN -> 0.
+        finite = np.where(np.isnan(source), 0, source)
+        inside = (finite > -_INT64_BOUND) & (finite < _INT64_BOUND)
+        result = np.where(inside, finite, 0).astype(np.int64)
+        result[finite >= _INT64_BOUND] = np.iinfo(np.int64).max
+        result[finite <= -_INT64_BOUND] = np.iinfo(np.int64).min
+        return (result,)
+    if target == DType.BF16 and source.dtype != np.float32:
+        source = source.astype(np.float32)  # BF16 rounds from f32: through f32 first
+    return (source.astype(target.numpy),)
 
 
 def _cast_lower(ctx, op, operands):
     (x,) = operands
-    target = op.attr("dtype")
-    return ctx.view(op.result.type, lambda index: L.Cast(x.at(index), target))
+    target = op.result.type.dtype
+    into = L.value_type(target.value)
+
+    def at(index):
+        value = x.at(index)
+        return value if value.dtype == into else L.Cast(value, into)
+    return ctx.view(op.result.type, at)
 
 
 def _cast_vjp(b, op, cotangents):
-    # Float to float: the cotangent converts back. An integer source has no gradient.
+    # Float to float: the cotangent converts back. Other sources have no gradient.
     (ct,) = cotangents
     (x,) = op.operands
-    return (b.cast(ct, x.type.dtype) if x.type.dtype.is_float else None,)
+    float_to_float = x.type.dtype.is_float and op.result.type.dtype.is_float
+    return (b.cast(ct, x.type.dtype) if float_to_float else None,)
+
+
+_FLOAT_WIDTHS = {DType.BF16: 16, DType.F32: 32, DType.F64: 64}
 
 
 def _cast_mlir(ctx, op, operands):
-    # arith.sitofp from I64, arith.extf / arith.truncf between float widths (to nearest).
+    # Between float widths arith.extf / arith.truncf (to nearest; F64 -> BF16 through F32,
+    # as the compiled code rounds); arith.sitofp / fptosi between I64 and floats; BOOL is i1.
     (x,) = operands
     source, target = x.type.dtype, op.result.type.dtype
     if source == target:
         return x.name
-    widths = {DType.F32: 32, DType.F64: 64}
-    if not source.is_float:
-        convert = "arith.sitofp"
-    else:
-        convert = "arith.extf" if widths[target] > widths[source] else "arith.truncf"
-    into = ctx.element_type(target)
-    return ctx.parallel(op.result.type, (x,), lambda b, v: b.let(
-        f"{convert} {v} : {ctx.element_type(source)} to {into}"))
+    element = ctx.element_type
+
+    def convert(b, v):
+        if target == DType.BOOL:
+            zero = b.let(f"arith.constant {'0.0' if source.is_float else '0'} : "
+                         f"{element(source)}")
+            predicate = "arith.cmpf une" if source.is_float else "arith.cmpi ne"
+            return b.let(f"{predicate}, {v}, {zero} : {element(source)}")
+        if source == DType.BOOL:
+            kind = "arith.uitofp" if target.is_float else "arith.extui"
+            return b.let(f"{kind} {v} : i1 to {element(target)}")
+        if not source.is_float:
+            if target == DType.BF16:
+                v = b.let(f"arith.sitofp {v} : i64 to f32")
+                return b.let(f"arith.truncf {v} : f32 to bf16")
+            return b.let(f"arith.sitofp {v} : i64 to {element(target)}")
+        if not target.is_float:
+            return b.let(f"arith.fptosi {v} : {element(source)} to i64")
+        if source == DType.F64 and target == DType.BF16:
+            v = b.let(f"arith.truncf {v} : f64 to f32")
+            return b.let(f"arith.truncf {v} : f32 to bf16")
+        kind = "arith.extf" if _FLOAT_WIDTHS[target] > _FLOAT_WIDTHS[source] else "arith.truncf"
+        return b.let(f"{kind} {v} : {element(source)} to {element(target)}")
+    return ctx.parallel(op.result.type, (x,), convert)
 
 
 cast = register(OpDef(
-    "cast", "elementwise", (Param("x", "tensor"), Param("dtype", "dim")),
+    "cast", "elementwise", (Param("x", "tensor"), Param("dtype", "dtype")),
     _cast_rule, _cast_reference,
-    "x converted elementwise to the floating-point type dtype (f32 or f64; from f32, f64 or "
-    "i64), rounding to nearest",
-    internal=True, vjp=_cast_vjp,
+    "x converted elementwise to dtype: floats round to nearest (BF16 from F32), floats to "
+    "I64 truncate toward zero (saturating, NaN -> 0), BOOL is x != 0 and converts to 0 / 1",
+    vjp=_cast_vjp,
     mlir=_cast_mlir,
     lower=_cast_lower))
 

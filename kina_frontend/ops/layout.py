@@ -1,4 +1,5 @@
-"""Layout ops: broadcast (numpy's right-aligned rule), reshape, transpose."""
+"""Layout ops: broadcast (numpy's right-aligned rule), reshape, transpose, and iota (the
+positions along one axis)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sympy
 
 from tilegen import loopir as L
 
-from ..types import TensorType, format_dim
+from ..types import DType, TensorType, format_dim
 from .registry import OpDef, Param, register
 
 
@@ -283,3 +284,40 @@ transpose = register(OpDef(
     vjp=_transpose_vjp,
     mlir=_transpose_mlir,
     lower=_transpose_lower))
+
+
+def _iota_rule(ctx, operands, attrs):
+    shape = tuple(attrs["shape"])
+    axis = attrs["axis"]
+    if not -len(shape) <= axis < len(shape):
+        ctx.fail("shape", f"axis {axis} is out of range for shape {_dims(shape)}", at="axis")
+    attrs["axis"] = axis % len(shape)
+    ctx.record("axis-range", f"iota: axis {attrs['axis']} < rank {len(shape)}")
+    return (TensorType(DType.I64, shape),)
+
+
+def _iota_reference(args, attrs):
+    shape = tuple(int(d) for d in attrs["shape"])
+    axis = attrs["axis"]
+    positions = np.arange(shape[axis], dtype=np.int64).reshape(
+        (1,) * axis + (shape[axis],) + (1,) * (len(shape) - axis - 1))
+    return (np.broadcast_to(positions, shape).copy(),)
+
+
+def _iota_lower(ctx, op, operands):
+    axis = op.attr("axis")
+    return ctx.view(op.result.type, lambda index: index[axis])
+
+
+def _iota_mlir(ctx, op, operands):
+    axis = op.attr("axis")
+    return ctx.parallel(op.result.type, (), lambda b: b.index_i64(axis))
+
+
+iota = register(OpDef(
+    "iota", "layout", (Param("shape", "dims"), Param("axis", "axis")),
+    _iota_rule, _iota_reference,
+    "I64 tensor of shape whose element at an index is that index's position along axis",
+    differentiable=False,
+    mlir=_iota_mlir,
+    lower=_iota_lower))

@@ -7,6 +7,7 @@ import numpy as np
 from tilegen import loopir as L
 
 from ..types import format_dim
+from .elementwise import widened
 from .registry import OpDef, Param, register
 
 
@@ -36,11 +37,12 @@ def _matmul_rule(ctx, operands, attrs):
                     f"matmul: inner dim {format_dim(a.shape[-1])} == {format_dim(b.shape[-2])}",
                     f"'matmul' inner dims differ: {a} has {format_dim(a.shape[-1])} columns, "
                     f"{b} has {format_dim(b.shape[-2])} rows", at="b")
-    return (a.with_shape(a.shape[:-1] + (b.shape[-1],)),)
+    # BF16 operands accumulate in f32 and give F32 (the products are exact in f32).
+    return (a.with_shape(a.shape[:-1] + (b.shape[-1],)).with_dtype(a.dtype.compute),)
 
 
 def _matmul_reference(args, attrs):
-    a, b = args
+    a, b = (widened(x) for x in args)
     return (np.matmul(a, b),)
 
 
@@ -50,7 +52,10 @@ def _matmul_vjp(b, op, cotangents):
     a, w = op.operands
     rank = a.type.rank
     swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
-    return (b.matmul(ct, b.transpose(w, swap)), b.matmul(b.transpose(a, swap), ct))
+    dtype = a.type.dtype
+    ct = b.cast(ct, dtype)  # BF16 operands: the F32 cotangent is rounded to BF16 first
+    return (b.cast(b.matmul(ct, b.transpose(w, swap)), dtype),
+            b.cast(b.matmul(b.transpose(a, swap), ct), dtype))
 
 
 def _matmul_lower(ctx, op, operands):
@@ -67,7 +72,7 @@ def _matmul_lower(ctx, op, operands):
         b = ctx.materialize_transposed(b, "tmp")
     else:
         b = ctx.reusable(b, rows)
-    dtype = a.type.dtype.value
+    dtype = L.value_type(a.type.dtype.value)
 
     def at(index):
         batch, i, j = index[:-2], index[-2], index[-1]

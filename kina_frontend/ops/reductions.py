@@ -1,4 +1,4 @@
-"""Reductions along one axis: sum, max, argmax (axis removed) and the row-wise
+"""Reductions along one axis: sum, mean, max, min, argmax (axis removed) and the row-wise
 normalisations softmax, log_softmax (shape kept)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import numpy as np
 from tilegen import loopir as L
 
 from ..types import DType
+from .elementwise import widened
 from .registry import OpDef, Param, register
 
 _AXIS_PARAMS = (Param("x", "tensor"), Param("axis", "axis", keyword_only=False))
@@ -51,12 +52,24 @@ def _keep_rule(opname: str):
 
 def _sum_reference(args, attrs):
     (x,) = args
-    return (np.sum(x, axis=attrs["axis"], dtype=x.dtype),)
+    wide = widened(x)
+    return (np.asarray(np.sum(wide, axis=attrs["axis"], dtype=wide.dtype)).astype(x.dtype),)
+
+
+def _mean_reference(args, attrs):
+    (x,) = args
+    wide = widened(x)
+    return (np.asarray(np.mean(wide, axis=attrs["axis"], dtype=wide.dtype)).astype(x.dtype),)
 
 
 def _max_reference(args, attrs):
     (x,) = args
-    return (np.max(x, axis=attrs["axis"]),)
+    return (np.asarray(np.max(x, axis=attrs["axis"])),)
+
+
+def _min_reference(args, attrs):
+    (x,) = args
+    return (np.asarray(np.min(x, axis=attrs["axis"])),)
 
 
 def _argmax_reference(args, attrs):
@@ -107,6 +120,25 @@ def _max_vjp(b, op, cotangents):
     return (b.mul(mask, b.restore_axis(ct, axis, x.type)),)
 
 
+def _mean_vjp(b, op, cotangents):
+    (ct,) = cotangents
+    (x,) = op.operands
+    share = b.div(ct, b.fill(float(x.type.shape[op.attr("axis")]), ct.type))
+    return (b.restore_axis(share, op.attr("axis"), x.type),)
+
+
+def _min_vjp(b, op, cotangents):
+    # As max: the whole cotangent to the first minimum, the first maximum of -x.
+    (ct,) = cotangents
+    (x,) = op.operands
+    axis, rank = op.attr("axis"), x.type.rank
+    winners = b.emit("argmax", b.neg(x), axis=axis)
+    mask = b.cast(b.emit("one_hot", winners, n=x.type.shape[axis]), x.type.dtype)
+    if axis != rank - 1:
+        mask = b.transpose(mask, tuple(range(axis)) + (rank - 1,) + tuple(range(axis, rank - 1)))
+    return (b.mul(mask, b.restore_axis(ct, axis, x.type)),)
+
+
 def _softmax_vjp(b, op, cotangents):
     # y = softmax(x): dx = y * (ct - sum(ct * y)) along the axis.
     (ct,) = cotangents
@@ -127,18 +159,48 @@ def _with_axis(index, axis, var):
     return tuple(index[:axis]) + (var,) + tuple(index[axis:])
 
 
+def _axis_fold(ctx, op, x, reduce_op: str, before=None, after=None):
+    """A view folding `x` along the op's axis with `reduce_op`, each element mapped by
+    `before` and the result by `after` (both: (expr, dtype) -> expr)."""
+    axis = op.attr("axis")
+    extent = x.type.concrete_shape[axis]
+    dtype = L.value_type(op.result.type.dtype.value)
+
+    def at(index):
+        r = ctx.var(extent, "r")
+        element = x.at(_with_axis(index, axis, r))
+        folded = L.Reduce(reduce_op, r, extent, before(element, dtype) if before else element,
+                          dtype)
+        return after(folded, dtype) if after else folded
+    return ctx.view(op.result.type, at)
+
+
 def _reduce_lower(reduce_op: str):
     def lower(ctx, op, operands):
         (x,) = operands
-        axis = op.attr("axis")
-        extent = x.type.concrete_shape[axis]
-        dtype = op.result.type.dtype.value
-
-        def at(index):
-            r = ctx.var(extent, "r")
-            return L.Reduce(reduce_op, r, extent, x.at(_with_axis(index, axis, r)), dtype)
-        return ctx.view(op.result.type, at)
+        return _axis_fold(ctx, op, x, reduce_op)
     return lower
+
+
+def _mean_lower(ctx, op, operands):
+    (x,) = operands
+    extent = x.type.concrete_shape[op.attr("axis")]
+    return _axis_fold(ctx, op, x, "sum", after=lambda total, dtype: L.binary(
+        "div", total, L.Const(float(extent), dtype)))
+
+
+def _order_reversed(value: L.Expr, dtype: str) -> L.Expr:
+    # -x for floats (exact; NaN stays NaN), -1 - x for integers (no overflow at INT64_MIN).
+    if dtype in L.FLOAT_TYPES:
+        return L.Unary("neg", value, dtype)
+    return L.binary("sub", L.Const(-1, dtype), value)
+
+
+def _min_lower(ctx, op, operands):
+    # The max of the order-reversed values, reversed back, so the vectorised max reductions
+    # serve min as well.
+    (x,) = operands
+    return _axis_fold(ctx, op, x, "max", before=_order_reversed, after=_order_reversed)
 
 
 def _row_lower(log: bool):
@@ -150,7 +212,7 @@ def _row_lower(log: bool):
         axis = op.attr("axis")
         shape = x.type.concrete_shape
         extent = shape[axis]
-        dtype = x.type.dtype.value
+        dtype = L.value_type(x.type.dtype.value)
         x = ctx.reusable(x, 3)
         outer = shape[:axis] + shape[axis + 1:]
 
@@ -228,6 +290,29 @@ def _reduce_mlir(kind: str):
                              ctx.out())
         return name
     return mlir
+
+
+def _mean_mlir(ctx, op, operands):
+    (x,) = operands
+    dtype = x.type.dtype
+    scalar = ctx.element_type(dtype)
+    extent = ctx.constant(float(x.type.concrete_shape[op.attr("axis")]), dtype)
+    (total,) = ctx.reduce(x, op.attr("axis"), [(dtype, 0.0)],
+                          lambda b, v, acc: b.let(f"arith.addf {v}, {acc} : {scalar}"),
+                          ctx.out() + "_sum")
+    return ctx.parallel(op.result.type, (ctx.value(total, op.result.type),),
+                        lambda b, v: b.let(f"arith.divf {v}, {extent} : {scalar}"))
+
+
+def _min_mlir(ctx, op, operands):
+    (x,) = operands
+    dtype = x.type.dtype
+    scalar = ctx.element_type(dtype)
+    initial, combine = (float("inf"), "arith.minimumf") if dtype.is_float else \
+        (2 ** 63 - 1, "arith.minsi")
+    (name,) = ctx.reduce(x, op.attr("axis"), [(dtype, initial)],
+                         lambda b, v, acc: b.let(f"{combine} {v}, {acc} : {scalar}"), ctx.out())
+    return name
 
 
 def _argmax_mlir(ctx, op, operands):
@@ -311,6 +396,18 @@ max_ = register(OpDef(
     vjp=_max_vjp,
     mlir=_reduce_mlir("max"),
     lower=_reduce_lower("max")))
+mean = register(OpDef(
+    "mean", "reduction", _AXIS_PARAMS, _reduce_rule("mean", None, True), _mean_reference,
+    "arithmetic mean along axis (axis removed; floating point only)",
+    vjp=_mean_vjp,
+    mlir=_mean_mlir,
+    lower=_mean_lower))
+min_ = register(OpDef(
+    "min", "reduction", _AXIS_PARAMS, _reduce_rule("min", None, False), _min_reference,
+    "minimum along axis (axis removed; NaN if any element is)",
+    vjp=_min_vjp,
+    mlir=_min_mlir,
+    lower=_min_lower))
 argmax = register(OpDef(
     "argmax", "reduction", _AXIS_PARAMS, _reduce_rule("argmax", DType.I64, False),
     _argmax_reference, "index of the maximum along axis, first on ties (I64, axis removed)",

@@ -24,7 +24,12 @@ from ..types import TensorType
 #   ints               a list of integer literals, e.g. a permutation
 #   dim                one dimension expression (an int literal or a const)
 #   axis               one integer literal, negative counts from the end
-PARAM_KINDS = frozenset({"tensor", "tensor_or_literal", "dims", "ints", "dim", "axis"})
+#   tensors            one or more tensors (the op's trailing positional arguments)
+#   offset             one dimension expression that may be 0 (a start position)
+#   number             a number literal or a const (its value), e.g. eps=1e-5 or pow(x, N)
+#   dtype              an element type name: F32, F64, I64, BF16, BOOL
+PARAM_KINDS = frozenset({"tensor", "tensor_or_literal", "dims", "ints", "dim", "axis",
+                         "tensors", "offset", "number", "dtype"})
 
 _NO_DEFAULT = object()
 
@@ -42,7 +47,11 @@ class Param:
 
     @property
     def is_operand(self) -> bool:
-        return self.kind in ("tensor", "tensor_or_literal")
+        return self.kind in ("tensor", "tensor_or_literal", "tensors")
+
+    @property
+    def variadic(self) -> bool:
+        return self.kind == "tensors"
 
     @property
     def has_default(self) -> bool:

@@ -1,0 +1,154 @@
+"""BF16 and BOOL at the call boundary and in compiled code, consts as numbers, and the
+vectorised erf.
+
+- BF16 arguments are ml_dtypes.bfloat16 arrays (through the native entry and the Python
+  path alike), results come back as ml_dtypes arrays; rounding is to nearest, ties to even,
+  checked bit by bit against an integer formula written here;
+- BOOL arrays are NumPy bool_, one byte per element, read and written as such;
+- a wrong dtype (float16 for BF16, uint8 for BOOL) is a clear ArgumentError;
+- a const where a number is expected is that const's value;
+- the f32 erf is checked against math.erf over a sweep of the f32 range.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tilegen
+from kina_frontend import KinaError, interpret, program_from_text
+from tilegen.api import compile_program
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _compile(source: str, jit: bool = True):
+    return compile_program(program_from_text(source), jit=jit)
+
+
+def _round_bits(value: float) -> int:
+    """bf16 bits of the f32 `value`: round to nearest, ties to even (finite values)."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+def test_bf16_rounding_is_to_nearest_even_bit_for_bit():
+    # Every tie and near-tie pattern of the low half, for a spread of exponents and signs.
+    highs = [0x3F80, 0x3F81, 0x4049, 0xC049, 0x0001, 0x7F7F, 0x8080]
+    lows = [0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF]
+    values = np.array([(h << 16) | low for h in highs for low in lows], np.uint32).view(np.float32)
+    module = _compile(f"fn f(x: Tensor[F32, [{values.size}], @host]) -> "
+                      f"Tensor[BF16, [{values.size}], @host] {{ return cast(x, BF16); }}")
+    got = module.f(values)
+    assert got.dtype == BF16
+    expected = [_round_bits(float(v)) for v in values]
+    assert got.view(np.uint16).tolist() == expected
+
+
+def test_bf16_nan_and_inf_survive_rounding():
+    values = np.array([np.nan, np.inf, -np.inf, 3.4e38, -3.4e38], np.float32)
+    module = _compile("fn f(x: Tensor[F32, [5], @host]) -> Tensor[BF16, [5], @host] "
+                      "{ return cast(x, BF16); }")
+    got = module.f(values).astype(np.float32)
+    assert np.isnan(got[0]) and got[1] == np.inf and got[2] == -np.inf
+    assert got[3] == np.inf and got[4] == -np.inf  # above the largest bf16: rounds to inf
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("size", [1, 17, 33, 100])
+def test_bf16_arithmetic_rounds_once_per_op(jit, size):
+    source = (f"fn f(a: Tensor[BF16, [{size}], @host], b: Tensor[BF16, [{size}], @host]) -> "
+              f"Tensor[BF16, [{size}], @host] {{ return add(mul(a, b), a); }}")
+    rng = np.random.default_rng(size)
+    a, b = (rng.standard_normal(size).astype(BF16) for _ in range(2))
+    got = _compile(source, jit).f(a, b)
+    product = [_round_bits(float(x) * float(y)) for x, y in zip(a.astype(np.float32),
+                                                               b.astype(np.float32),
+                                                               strict=True)]
+    product_values = np.array(product, np.uint16).view(BF16).astype(np.float32)
+    want = [_round_bits(float(np.float32(p) + np.float32(x)))
+            for p, x in zip(product_values, a.astype(np.float32), strict=True)]
+    assert got.dtype == BF16 and got.view(np.uint16).tolist() == want
+
+
+def test_bf16_matmul_accumulates_in_f32():
+    source = ("fn f(a: Tensor[BF16, [3, 19], @host], b: Tensor[BF16, [19, 5], @host]) -> "
+              "Tensor[F32, [3, 5], @host] { return matmul(a, b); }")
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((3, 19)).astype(BF16), rng.standard_normal((19, 5)).astype(BF16)
+    got = _compile(source).f(a, b)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_wrong_element_types_are_clear_errors():
+    module = _compile("fn f(x: Tensor[BF16, [4], @host], m: Tensor[BOOL, [4], @host]) -> "
+                      "Tensor[BF16, [4], @host] { return where(m, x, 0.0); }")
+    x, m = np.ones(4, BF16), np.array([True, False, True, False])
+    np.testing.assert_array_equal(module.f(x, m).astype(np.float32), [1, 0, 1, 0])
+    with pytest.raises(tilegen.ArgumentError, match="bfloat16"):
+        module.f(np.ones(4, np.float16), m)
+    with pytest.raises(tilegen.ArgumentError, match="bool"):
+        module.f(x, m.astype(np.uint8))
+    out = np.empty(4, BF16)
+    module.f(x, m, out=out)  # the native entry writes a bf16 output in place
+    np.testing.assert_array_equal(out.astype(np.float32), [1, 0, 1, 0])
+    with pytest.raises(tilegen.ArgumentError):
+        module.f(x, m, out=np.empty(4, np.float32))
+
+
+def test_bool_outputs_are_bytes_of_zero_and_one():
+    module = _compile("fn f(x: Tensor[F32, [37], @host]) -> Tensor[BOOL, [37], @host] "
+                      "{ return less(x, 0.0); }")
+    x = np.random.default_rng(1).standard_normal(37).astype(np.float32)
+    got = module.f(x)
+    assert got.dtype == np.bool_ and set(got.view(np.uint8).tolist()) <= {0, 1}
+    np.testing.assert_array_equal(got, x < 0)
+
+
+def test_consts_are_numbers_where_numbers_are_expected():
+    source = """
+const N = 7;
+const H = 2;
+const D = H * 3;
+fn f(x: Tensor[F32, [N, D], @host], ids: Tensor[I64, [N], @host])
+    -> (Tensor[F32, [D], @host], Tensor[F32, [N, D], @host], Tensor[I64, [N], @host]) {
+  return (sum(x, axis=0) / N, pow(x * D, H) + 1e-3 * (N - 1), ids * N);
+}"""
+    rng = np.random.default_rng(0)
+    x, ids = rng.standard_normal((7, 6)).astype(np.float32), rng.integers(0, 9, 7)
+    mean, scaled, times = _compile(source).f(x, ids)
+    np.testing.assert_allclose(mean, x.sum(axis=0) / 7, rtol=1e-6)
+    np.testing.assert_allclose(scaled, (x * 6) ** 2 + 1e-3 * 6, rtol=1e-5)
+    np.testing.assert_array_equal(times, ids * 7)
+    program = program_from_text(source)
+    np.testing.assert_allclose(interpret(program, "f", x, ids)[0], x.sum(axis=0) / 7,
+                               rtol=1e-6)
+
+
+def test_a_tensor_named_like_a_const_is_the_tensor():
+    with pytest.raises(KinaError, match="is a const dimension, not a tensor"):
+        program_from_text("const N = 3;\nfn f(x: Tensor[F32, [N], @host]) -> "
+                          "Tensor[F32, [N], @host] { return exp(N); }")
+
+
+def test_erf_f32_is_within_an_ulp_over_a_sweep():
+    # Every 97th f32 bit pattern of [0, 4.5] (about 11 million values), both signs, plus
+    # the edge values; erf is odd, so the negative half is checked through its sign.
+    patterns = np.arange(0, 0x40900000, 97, dtype=np.uint32)
+    x = patterns.view(np.float32)
+    x = np.concatenate([x, -x, np.array([0.0, -0.0, 1e-45, 3.9, 3.92, 4.0, 10.0, np.inf,
+                                         -np.inf], np.float32)])
+    module = _compile(f"fn f(x: Tensor[F32, [{x.size}], @host]) -> "
+                      f"Tensor[F32, [{x.size}], @host] {{ return erf(x); }}")
+    got = module.f(x).astype(np.float64)
+    want = np.vectorize(math.erf)(x.astype(np.float64))
+    ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    error = np.abs(got - want) / ulp
+    assert error.max() <= 1.0, (x[error.argmax()], error.max())
+    assert np.isnan(module.f(np.full(x.size, np.nan, np.float32))).all()
