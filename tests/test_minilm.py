@@ -23,7 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sentence-transformers must not g
 
 from bench import minilm_data  # noqa: E402
 from kina_models.minilm import WEIGHT_NAMES, ModelFileError, SentenceEncoder  # noqa: E402
-from kina_models.minilm.checkpoint import default_model_dir, expected_shapes  # noqa: E402
+from kina_models.minilm.checkpoint import (  # noqa: E402
+    default_model_dir,
+    expected_shapes,
+    is_linear_weight,
+)
 from kina_models.minilm.tokens import (  # noqa: E402
     batch_rows,
     bucket,
@@ -133,10 +137,16 @@ def test_weights_are_read_in_program_order(tensors):
     encoder = SentenceEncoder()
     assert len(encoder.weights) == len(WEIGHT_NAMES) == 101
     shapes = expected_shapes(encoder.config)
+    transposed = 0
     for name, array in zip(WEIGHT_NAMES, encoder.weights, strict=True):
-        assert array.shape == shapes[name]
-        np.testing.assert_array_equal(array, tensors[name])
+        stored = tensors[name]
+        assert stored.shape == shapes[name]
+        if is_linear_weight(name):   # the program takes Linear weights as [in, out]
+            stored = stored.T
+            transposed += 1
+        np.testing.assert_array_equal(array, stored)
         assert array.dtype == np.float32 and array.flags.c_contiguous
+    assert transposed == 6 * 6
 
 
 # ---------------------------------------------------------------------------- bad folders
@@ -250,19 +260,29 @@ def test_not_a_folder(tmp_path):
 
 # ---------------------------------------------------------------------------- compiled
 
-def _ops_landed() -> bool:  # TEMPORARY until the issue 15 op set is merged (then removed)
-    from kina_frontend.ops import REGISTRY
-    return all(op in REGISTRY for op in ("layer_norm", "gelu", "slice", "maximum"))
-
-
-pytestmark_ops = pytest.mark.skipif(not _ops_landed(), reason="the issue 15 ops are not merged")
 
 
 @pytest.fixture(scope="module")
-def encoder():
-    # Steps of 128 tokens: every length 0-256 needs only T = 128 and T = 256 (and the
-    # short texts run padding-heavy batches).
-    return SentenceEncoder(length_step=128)
+def compile_cache(tmp_path_factory):
+    """A TILEGEN_CACHE_DIR for this module: shapes compiled here are on disk for the CLI's
+    process (and the disk path of the encoder's compiles is exercised)."""
+    folder = tmp_path_factory.mktemp("tilegen-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TILEGEN_CACHE_DIR", str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def whole_lengths():
+    """Steps of 256 tokens: the corpus (every length 0-256 and past it) is batches of 32
+    texts padded to T = 256, one compiled shape, and the short texts' batches are mostly
+    padding."""
+    return SentenceEncoder(length_step=256)
+
+
+@pytest.fixture(scope="module")
+def encoder(compile_cache):
+    return SentenceEncoder()
 
 
 @pytest.fixture(scope="module")
@@ -270,50 +290,49 @@ def corpus_embeddings(st_model, corpus):
     return st_model.encode(corpus, convert_to_numpy=True)
 
 
-@pytestmark_ops
-def test_encode_matches_sentence_transformers(encoder, corpus, corpus_embeddings):
+def test_encode_matches_sentence_transformers(whole_lengths, corpus, corpus_embeddings):
     shuffled = np.random.default_rng(15).permutation(len(corpus))
     texts = [corpus[i] for i in shuffled]
-    ours = encoder.encode(texts)
+    ours = whole_lengths.encode(texts)
     assert_matches(ours, corpus_embeddings[shuffled], texts)
-    assert {t for _, t in encoder.compiled_shapes} == {128, 256}
-    assert len(encoder.compiled_shapes) <= 4
+    assert whole_lengths.compiled_shapes == ((32, 256),)
 
 
-@pytestmark_ops
+SHORT_TEXTS = ["", "a", "Hello, world!", minilm_data.words(TOKENIZER_JSON, 10, seed=3)]
+
+
+def test_default_buckets_match(encoder, st_model):
+    ours = encoder.encode(SHORT_TEXTS)
+    assert_matches(ours, st_model.encode(SHORT_TEXTS, convert_to_numpy=True), SHORT_TEXTS)
+    assert (4, 16) in encoder.compiled_shapes
+    assert any(compile_cache_entries(encoder))
+
+
+def compile_cache_entries(encoder):
+    return Path(os.environ["TILEGEN_CACHE_DIR"]).rglob("*")
+
+
 def test_encode_forms(encoder, st_model):
-    texts = ["one sentence", "", LONG_TEXT]
-    single = encoder.encode(texts[0])
+    single = encoder.encode(SHORT_TEXTS[2])
     assert single.shape == (384,) and single.dtype == np.float32
-    np.testing.assert_array_equal(single, encoder.encode([texts[0]])[0])
+    np.testing.assert_array_equal(single, encoder.encode([SHORT_TEXTS[2]])[0])
     assert encoder.encode([]).shape == (0, 384)
-    ours = encoder.encode(texts, batch_size=1)
-    assert_matches(ours, st_model.encode(texts, convert_to_numpy=True), texts)
+    ours = encoder.encode(SHORT_TEXTS, batch_size=1)
+    assert_matches(ours, st_model.encode(SHORT_TEXTS, convert_to_numpy=True), SHORT_TEXTS)
     with pytest.raises(TypeError, match=r"sentences\[1\] is int"):
         encoder.encode(["a", 3])
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
         encoder.encode(["a"], batch_size=0)
 
 
-@pytestmark_ops
 def test_shapes_are_compiled_once(encoder):
-    encoder.encode(["a", "b"])
+    encoder.encode(SHORT_TEXTS)
     before = dict(encoder._compiled)
-    encoder.encode(["c", "d"])
+    encoder.encode(list(reversed(SHORT_TEXTS)))
     assert encoder._compiled == before
-    assert encoder.function(2, 128) is before[2, 128]
+    assert encoder.function(4, 16) is before[4, 16]
 
 
-@pytestmark_ops
-def test_default_buckets_match(st_model):
-    encoder = SentenceEncoder()
-    texts = ["", "a", "Hello, world!", minilm_data.words(TOKENIZER_JSON, 20, seed=3)]
-    ours = encoder.encode(texts)
-    assert_matches(ours, st_model.encode(texts, convert_to_numpy=True), texts)
-    assert encoder.compiled_shapes == ((4, 32),)
-
-
-@pytestmark_ops
 def test_shared_library_matches(st_model):
     encoder = SentenceEncoder(jit=False, length_step=64)
     texts = [minilm_data.words(TOKENIZER_JSON, n, seed=n) for n in (0, 1, 3, 10, 30, 61)]
@@ -323,8 +342,8 @@ def test_shared_library_matches(st_model):
     assert encoder.compiled_shapes == ((8, 64),)
 
 
-@pytestmark_ops
-def test_cli_prints_the_similarity_matrix():
+def test_cli_prints_the_similarity_matrix(encoder, compile_cache):
+    encoder.function(4, 16)   # on disk for the CLI's process
     result = subprocess.run(
         [sys.executable, "-m", "kina_models.minilm", "A cat sits on the mat.",
          "A kitten rests on a rug.", "Stock markets fell sharply today."],
@@ -350,50 +369,50 @@ def test_cli_names_a_bad_folder(tmp_path):
 # ---------------------------------------------------------------------------- fine-tuning
 
 
-def _torch_contrastive_gradients(st_model, batch_a, batch_b, labels):
+def _torch_contrastive_gradients(st_model, batch, partners):
+    """The same loss in torch, on sentence-transformers' BertModel; the gradients in the
+    program's layout (Linear weights as [in, out])."""
     import torch
     bert = st_model[0].auto_model
     parameters = dict(bert.named_parameters())
-
-    def embed(batch):
-        ids, type_ids, mask = (torch.from_numpy(a) for a in (batch.ids, batch.type_ids,
-                                                            batch.mask))
-        tokens = bert(input_ids=ids, token_type_ids=type_ids, attention_mask=mask)[0]
-        weights = mask.unsqueeze(-1).to(tokens.dtype)
-        pooled = (tokens * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1)
-
+    ids, type_ids, mask = (torch.from_numpy(a) for a in (batch.ids, batch.type_ids, batch.mask))
     bert.zero_grad()
-    scores = embed(batch_a) @ embed(batch_b).T * 20.0
-    loss = torch.nn.functional.cross_entropy(scores, torch.from_numpy(labels))
+    tokens = bert(input_ids=ids, token_type_ids=type_ids, attention_mask=mask)[0]
+    weights = mask.unsqueeze(-1).to(tokens.dtype)
+    pooled = (tokens * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+    embeddings = torch.nn.functional.normalize(pooled, p=2, dim=1)
+    scores = embeddings @ embeddings.T * 20.0
+    itself = torch.eye(len(partners), dtype=torch.bool)
+    loss = torch.nn.functional.cross_entropy(scores.masked_fill(itself, -1e9),
+                                             torch.from_numpy(partners))
     loss.backward()
-    grads = [parameters[name].grad.numpy().copy() for name in WEIGHT_NAMES]
+    grads = []
+    for name in WEIGHT_NAMES:
+        grad = parameters[name].grad.numpy()
+        grads.append((grad.T if is_linear_weight(name) else grad).copy())
     bert.zero_grad()
     return float(loss), grads
 
 
-@pytestmark_ops
-def test_finetune_gradients_match_torch(st_model):
+def test_finetune_gradients_match_torch(st_model, encoder):
+    """One contrastive fine-tuning step's gradients for all 101 weights by reverseMode."""
     import tilegen
     from kina_models.minilm.encoder import PROGRAM
-    encoder = SentenceEncoder()
-    anchors = ["A man is playing a guitar.", "The weather is cold today.",
-               "How do I bake bread?", "Cats"]
-    positives = ["Someone strums a guitar.", "It is freezing outside.",
-                 "A simple bread recipe for beginners.", "A small kitten sleeps."]
-    (batch_a,) = encoder.batches(anchors, 4)
-    (batch_b,) = encoder.batches(positives, 4)
-    assert batch_a.ids.shape == batch_b.ids.shape == (4, 16)
-    # Rows are in each side's length order: anchor row r matches the row of its positive.
-    row_of_positive = {text: row for row, text in enumerate(batch_b.rows)}
-    labels = np.array([row_of_positive[text] for text in batch_a.rows], np.int64)
-    module = tilegen.compile_file(PROGRAM, consts=encoder.consts(4, 16),
+    pairs = [("A man is playing a guitar.", "Someone strums a guitar."),
+             ("The weather is cold today.", "It is freezing outside."),
+             ("How do I bake bread?", "A simple bread recipe for beginners."),
+             ("Cats", "A small kitten sleeps.")]
+    texts = [text for pair in pairs for text in pair]
+    (batch,) = encoder.batches(texts, 8)
+    assert batch.ids.shape == (8, 16)
+    # Batch rows are in length order: row r's partner is the row of its pair's other text.
+    row_of = {index: row for row, index in enumerate(batch.rows)}
+    partners = np.array([row_of[index ^ 1] for index in batch.rows], np.int64)
+    module = tilegen.compile_file(PROGRAM, consts=encoder.consts(8, 16),
                                   functions=("contrastive_gradients",))
-    loss, *grads = module.contrastive_gradients(
-        batch_a.ids, batch_a.type_ids, batch_a.mask, batch_b.ids, batch_b.type_ids,
-        batch_b.mask, labels, *encoder.weights)
-    expected_loss, expected_grads = _torch_contrastive_gradients(st_model, batch_a, batch_b,
-                                                                 labels)
+    loss, *grads = module.contrastive_gradients(batch.ids, batch.type_ids, batch.mask,
+                                                partners, *encoder.weights)
+    expected_loss, expected_grads = _torch_contrastive_gradients(st_model, batch, partners)
     np.testing.assert_allclose(float(loss), expected_loss, rtol=1e-4)
     assert len(grads) == len(WEIGHT_NAMES)
     for name, ours, theirs in zip(WEIGHT_NAMES, grads, expected_grads, strict=True):

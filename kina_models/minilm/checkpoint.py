@@ -49,6 +49,12 @@ WEIGHT_NAMES = EMBEDDING_WEIGHTS + tuple(
     f"encoder.layer.{layer}.{name}" for layer in range(LAYERS) for name in LAYER_WEIGHTS)
 
 
+def is_linear_weight(name: str) -> bool:
+    """A Linear layer's [out, in] weight, which the program takes as [in, out]."""
+    return name.endswith(".weight") and "LayerNorm" not in name and \
+        not name.startswith("embeddings.")
+
+
 class ModelFileError(ValueError):
     """A model file is missing, unreadable, or does not describe this model."""
 
@@ -174,7 +180,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_weights(folder: Path, config: ModelConfig) -> tuple[np.ndarray, ...]:
-    """The weights in the Kina function's parameter order, float32 and C-contiguous."""
+    """The weights in the Kina function's parameter order, float32 and C-contiguous, each
+    Linear weight transposed to [in, out] (see examples/minilm_l6.kina)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -200,5 +207,5 @@ def load_weights(folder: Path, config: ModelConfig) -> tuple[np.ndarray, ...]:
             raise ModelFileError(path, f"tensor '{name}' is {array.dtype}, not float32")
         if not np.isfinite(array).all():
             raise ModelFileError(path, f"tensor '{name}' holds NaN or infinite values")
-        weights.append(np.ascontiguousarray(array))
+        weights.append(np.ascontiguousarray(array.T if is_linear_weight(name) else array))
     return tuple(weights)
