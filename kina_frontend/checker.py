@@ -767,6 +767,17 @@ class _OpContext:
     def fail(self, kind, message, at=None, notes=()) -> None:
         raise KinaError(kind, message, self._span(at), tuple(notes))
 
+    def prove_at_most(self, lhs, rhs, kind, claim, message, at=None) -> None:
+        """lhs <= rhs: proved for every value of the consts when sympy can (T - 1 >= 0),
+        otherwise checked at the declared values and recorded as such."""
+        gap = sympy.expand(sympy.sympify(rhs) - sympy.sympify(lhs))
+        if gap.is_nonnegative:
+            self.record(kind, claim)
+            return
+        if self.checker.evaluate(gap) < 0:
+            raise KinaError("shape", message, self._span(at))
+        self.record(kind, claim + " (at the declared const values)")
+
 
 # ---- helpers --------------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 import sympy
 
@@ -25,6 +24,11 @@ class DType(enum.Enum):
 
     @property
     def numpy(self) -> np.dtype:
+        if self is DType.BF16:
+            # Imported on first use: ml_dtypes costs a compile that never meets BF16 ~10 ms.
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
         return _NUMPY_DTYPES[self]
 
     @property
@@ -49,8 +53,7 @@ class DType(enum.Enum):
 
 
 _NUMPY_DTYPES = {DType.F32: np.dtype(np.float32), DType.F64: np.dtype(np.float64),
-                 DType.I64: np.dtype(np.int64), DType.BF16: np.dtype(ml_dtypes.bfloat16),
-                 DType.BOOL: np.dtype(np.bool_)}
+                 DType.I64: np.dtype(np.int64), DType.BOOL: np.dtype(np.bool_)}
 
 # Names the surface accepts, with the dtypes the compiler cannot yet handle listed apart so
 # the diagnostic can say "not supported" instead of "unknown".

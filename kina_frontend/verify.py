@@ -51,6 +51,12 @@ class RuleContext:
     def record(self, kind: str, claim: str) -> None:
         pass
 
+    def prove_at_most(self, lhs, rhs, kind: str, claim: str, message: str,
+                      at: str | None = None) -> None:
+        gap = sympy.expand(sympy.sympify(rhs) - sympy.sympify(lhs))
+        if not (gap.is_nonnegative or gap.is_Integer and int(gap) >= 0):
+            raise ShapeRuleError(f"{self.opname}: {message}")
+
 
 def dims_equal(lhs, rhs) -> bool:
     if isinstance(lhs, int) and isinstance(rhs, int):

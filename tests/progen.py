@@ -1,7 +1,8 @@
 """A generator of random well-typed Kina programs (for differential tests and fuzzing).
 
-`generate_program(rng)` composes elementwise ops, layouts (reshape, transpose,
-broadcast), reductions, softmax, matmul, gather, one_hot and argmax over odd sizes,
+`generate_program(rng)` composes elementwise ops and activations, layouts (reshape,
+transpose, broadcast, concat, slice), reductions, softmax, layer_norm / rms_norm,
+comparisons with where, matmul, gather, one_hot and argmax over odd sizes,
 and returns the source text plus the inputs to call it with.
 """
 
@@ -19,7 +20,7 @@ MAX_ELEMENTS = 6000
 class _Tensor:
     name: str
     shape: tuple[int, ...]
-    dtype: str  # "F32" | "I64"
+    dtype: str  # "F32" | "I64" | "BOOL"
     limit: int = 0  # for I64 ids: values lie in [0, limit)
     positive: bool = False  # all elements > 0 (safe for log/sqrt)
 
@@ -92,7 +93,8 @@ class _Builder:
     def step(self) -> None:
         choice = self.rng.choice(["binary", "literal", "unary", "transpose", "reshape",
                                   "broadcast", "reduce", "softmax", "matmul", "gather",
-                                  "one_hot", "argmax"])
+                                  "one_hot", "argmax", "activation", "masked", "norm",
+                                  "concat_slice"])
         getattr(self, "_" + str(choice))()
 
     def _binary(self):
@@ -176,7 +178,7 @@ class _Builder:
     def _reduce(self):
         a = self.pick(predicate=lambda t: len(t.shape) >= 1)
         axis = int(self.rng.integers(len(a.shape)))
-        op = str(self.rng.choice(["sum", "max"]))
+        op = str(self.rng.choice(["sum", "max", "mean", "min"]))
         shape = a.shape[:axis] + a.shape[axis + 1:]
         positive = a.positive
         self.let(f"{op}({a.name}, axis={axis})", shape, positive=positive, op=op)
@@ -218,6 +220,52 @@ class _Builder:
         if _numel(ids.shape) * n > MAX_ELEMENTS:
             return
         self.let(f"one_hot({ids.name}, {n})", ids.shape + (n,), op="one_hot")
+
+    def _activation(self):
+        a = self.pick()
+        op = str(self.rng.choice(["relu", "gelu", "gelu_tanh", "erf", "sigmoid", "silu",
+                                  "abs", "maximum", "minimum"]))
+        if op in ("maximum", "minimum"):
+            b = self.pick(predicate=lambda t: t.shape == a.shape) or self.param(a.shape)
+            self.let(f"{op}({a.name}, {b.name})", a.shape, op=op)
+            return
+        self.let(f"{op}({a.name})", a.shape, positive=op == "sigmoid", op=op)
+
+    def _masked(self):
+        # A comparison picks between a tensor and a number (attention-mask style).
+        a = self.pick()
+        b = self.pick(predicate=lambda t: t.shape == a.shape) or self.param(a.shape)
+        op = str(self.rng.choice(["less", "less_equal", "greater", "greater_equal", "equal",
+                                  "not_equal"]))
+        mask = self.let(f"{op}({a.name}, {b.name})", a.shape, "BOOL", op=op)
+        self.let(f"where({mask.name}, {a.name}, -1e4)", a.shape, op="where")
+
+    def _norm(self):
+        a = self.pick(predicate=lambda t: len(t.shape) >= 1)
+        axis = int(self.rng.integers(len(a.shape)))
+        gamma = self.param((a.shape[axis],))
+        if self.rng.random() < 0.5:
+            beta = self.param((a.shape[axis],))
+            self.let(f"layer_norm({a.name}, {gamma.name}, {beta.name}, axis={axis}, eps=1e-3)",
+                     a.shape, op="layer_norm")
+        else:
+            self.let(f"rms_norm({a.name}, {gamma.name}, axis={axis}, eps=1e-3)", a.shape,
+                     op="rms_norm")
+
+    def _concat_slice(self):
+        a = self.pick(predicate=lambda t: len(t.shape) >= 1)
+        axis = int(self.rng.integers(len(a.shape)))
+        extent = a.shape[axis]
+        if self.rng.random() < 0.5 and 2 * _numel(a.shape) <= MAX_ELEMENTS:
+            b = self.pick(predicate=lambda t: t.shape == a.shape) or self.param(a.shape)
+            shape = a.shape[:axis] + (2 * extent,) + a.shape[axis + 1:]
+            self.let(f"concat({a.name}, {b.name}, axis={axis})", shape, op="concat")
+            return
+        start = int(self.rng.integers(extent))
+        size = int(self.rng.integers(1, extent - start + 1))
+        shape = a.shape[:axis] + (size,) + a.shape[axis + 1:]
+        self.let(f"slice({a.name}, axis={axis}, start={start}, size={size})", shape,
+                 positive=a.positive, op="slice")
 
     def _argmax(self):
         a = self.pick(predicate=lambda t: len(t.shape) >= 2)

@@ -162,6 +162,23 @@ def op_cases(draw, opname: str) -> OpCase:
                 y = x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + 0.01) * t["g"]
             return y.movedim(-1, axis)
         return OpCase(f"{opname}({names}, axis={axis}, eps=0.01)", args, shape, torch_norm)
+    if opname == "concat":
+        shape = _shape(draw)
+        axis = draw(st.integers(0, len(shape) - 1))
+        widths = [draw(SIZES) for _ in range(draw(st.integers(1, 3)))]
+        args = tuple(Arg(f"x{k}", shape[:axis] + (w,) + shape[axis + 1:])
+                     for k, w in enumerate(widths))
+        out = shape[:axis] + (sum(widths),) + shape[axis + 1:]
+        return OpCase(f"concat({', '.join(a.name for a in args)}, axis={axis})", args, out,
+                      lambda torch, t: torch.cat([t[a.name] for a in args], dim=axis))
+    if opname == "slice":
+        shape = _shape(draw)
+        axis = draw(st.integers(0, len(shape) - 1))
+        start = draw(st.integers(0, shape[axis] - 1))
+        size = draw(st.integers(1, shape[axis] - start))
+        out = shape[:axis] + (size,) + shape[axis + 1:]
+        return OpCase(f"slice(a, axis={axis}, start={start}, size={size})", (Arg("a", shape),),
+                      out, lambda torch, t: t["a"].narrow(axis, start, size))
     if opname == "where":
         shape = _shape(draw)
         return OpCase("where(keep, a, b)", (Arg("keep", shape, "mask"), Arg("a", shape),
@@ -225,7 +242,7 @@ def op_cases(draw, opname: str) -> OpCase:
 GRADIENT_CASES = ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "gather",
                   "scatter_add", "broadcast", "reshape", "transpose", "matmul", "sum", "max",
                   "softmax", "log_softmax", "pow", "maximum", "minimum", "where", "mean",
-                  "min", "layer_norm", "rms_norm") + tuple(TORCH_UNARY)
+                  "min", "layer_norm", "rms_norm", "concat", "slice") + tuple(TORCH_UNARY)
 IR_GRADIENT_CASES = ("cast",)
 
 

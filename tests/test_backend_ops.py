@@ -88,6 +88,25 @@ def op_cases(draw, opname):
             [_floats(rng, width) for _ in names[1:]]
         return (f"fn f({params}) -> {_ty(shape)} {{ return {opname}({', '.join(names)}, "
                 f"axis={axis}, eps=1e-5); }}", data)
+    if opname == "concat":
+        shape = _shape(draw, 1, 3, 1024)
+        axis = draw(st.integers(-len(shape), len(shape) - 1))
+        widths = [draw(SIZES) for _ in range(draw(st.integers(1, 3)))]
+        shapes = [shape[:axis % len(shape)] + (w,) + shape[axis % len(shape) + 1:]
+                  for w in widths]
+        out = shape[:axis % len(shape)] + (sum(widths),) + shape[axis % len(shape) + 1:]
+        params = ", ".join(f"x{k}: {_ty(s)}" for k, s in enumerate(shapes))
+        names = ", ".join(f"x{k}" for k in range(len(shapes)))
+        return (f"fn f({params}) -> {_ty(out)} {{ return concat({names}, axis={axis}); }}",
+                [_floats(rng, s) for s in shapes])
+    if opname == "slice":
+        shape = _shape(draw)
+        axis = draw(st.integers(0, len(shape) - 1))
+        start = draw(st.integers(0, shape[axis] - 1))
+        size = draw(st.integers(1, shape[axis] - start))
+        out = shape[:axis] + (size,) + shape[axis + 1:]
+        return (f"fn f(a: {_ty(shape)}) -> {_ty(out)} {{ return exp(slice(a, axis={axis}, "
+                f"start={start}, size={size})); }}", [_floats(rng, shape)])
     if opname == "iota":
         shape = _shape(draw)
         axis = draw(st.integers(-len(shape), len(shape) - 1))
@@ -173,7 +192,8 @@ def op_cases(draw, opname):
 COVERED = ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "fill", "sum",
            "max", "argmax", "softmax", "log_softmax", "matmul", "transpose", "reshape",
            "broadcast", "gather", "one_hot", "scatter_add", "cast", "pow", "where", "iota",
-           "maximum", "minimum", "mean", "min", "layer_norm", "rms_norm") + UNARY_ACTIVATIONS + \
+           "maximum", "minimum", "mean", "min", "layer_norm", "rms_norm", "concat", "slice") + \
+    UNARY_ACTIVATIONS + \
     COMPARISON_OPS
 
 

@@ -49,5 +49,7 @@ def test_generator_covers_every_op_family():
         seen.update(generate_program(np.random.default_rng(seed), 2 + seed % 13).ops)
     expected = {"add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "transpose",
                 "reshape", "broadcast", "sum", "max", "softmax", "log_softmax", "matmul",
-                "gather", "one_hot", "argmax"}
+                "gather", "one_hot", "argmax", "mean", "min", "relu", "gelu", "gelu_tanh", "erf",
+                "sigmoid", "silu", "abs", "maximum", "minimum", "less", "greater", "equal",
+                "not_equal", "where", "layer_norm", "rms_norm", "concat", "slice"}
     assert expected <= seen, f"never generated: {sorted(expected - seen)}"

@@ -222,6 +222,11 @@ CASES += [
                           "return layer_norm(x, g, b, axis=1, eps=1e-5);")),
     Case("layer_norm_axis0", fn(f"x: {f32(4, 3)}, g: {f32(4)}, b: {f32(4)}", f32(4, 3),
                                 "return layer_norm(x, g, b, axis=0, eps=1e-5);")),
+    Case("concat", fn(f"x: {f32(2, 3)}, y: {f32(2, 5)}", f32(2, 11),
+                      "return concat(x, y, x, axis=1);")),
+    Case("concat_axis0", fn(f"a: {i64(1, 4)}, b: {i64(3, 4)}", i64(4, 4),
+                            "return concat(a, b, axis=0);")),
+    Case("slice", fn(f"x: {f32(4, 7)}", f32(4, 3), "return slice(x, axis=1, start=2, size=3);")),
     Case("rms_norm", fn(f"x: {f32(2, 3, 6)}, g: {f32(6)}", f32(2, 3, 6),
                         "return rms_norm(x, g, axis=-1, eps=1e-6);")),
 ]

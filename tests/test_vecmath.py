@@ -6,6 +6,8 @@ The f32 exp (a degree-5 minimax polynomial) was also checked on every f32 input 
 
 from __future__ import annotations
 
+import math
+
 import mpmath
 import numpy as np
 import pytest
@@ -232,3 +234,69 @@ def test_vectors_that_all_underflow_give_exact_zeros(math_module, dtype):
     finite = ~np.isnan(want)
     assert np.all(np.signbit(got[:lanes]) == 0) and np.all(got[:lanes] == 0)
     np.testing.assert_allclose(got[finite], want[finite], rtol=3e-7, atol=1e-323)
+
+
+# ---- erf ----------------------------------------------------------------------------------
+
+def _fit_erf_f64():
+    """The fit described at vecmath._ERF_F64_POLY: erf(a)/a on u = a^2/8 - 1, a in [0, 4],
+    Chebyshev interpolation at 4000 nodes, degree 20, converted to monomials."""
+    from numpy.polynomial import chebyshev
+
+    nodes = np.cos(np.pi * (np.arange(4000) + 0.5) / 4000)
+    a = np.sqrt((nodes + 1) * 8)
+    values = np.array([math.erf(v) / v for v in a])
+    return chebyshev.cheb2poly(chebyshev.chebfit(nodes, values, 20))
+
+
+def test_erf_polynomial_is_the_documented_fit():
+    np.testing.assert_allclose(_fit_erf_f64(), vecmath._ERF_F64_POLY, rtol=1e-9, atol=1e-15)
+    a = np.linspace(1e-6, vecmath.ERF_CLAMP, 400001)
+    u = a * a / 8 - 1
+    poly = np.zeros_like(u)
+    for coefficient in reversed(vecmath._ERF_F64_POLY):
+        poly = poly * u + coefficient
+    exact = np.array([math.erf(v) for v in a])
+    assert np.max(np.abs(a * poly - exact) / exact) < 2e-11
+
+
+@pytest.fixture(scope="module")
+def erf_module():
+    size = N + 3
+    source = "\n".join(
+        f"fn erf_{dt.lower()}(x: Tensor[{dt}, [{size}], @host]) -> "
+        f"Tensor[{dt}, [{size}], @host] {{ return erf(x); }}" for dt in ("F32", "F64"))
+    return compile_source(source, "erf.kina")
+
+
+def test_erf_f32_within_1_ulp(erf_module):
+    # Every 517th f32 bit pattern of [0, 4.5] (2M values, every exponent) with alternating
+    # signs, then 2M random patterns over the whole range; erf(x) rounds to +-1 beyond 3.92.
+    magnitudes = np.arange(0, 0x40900000, 0x40900000 // (N // 2) + 1, dtype=np.uint32)
+    signs = np.where(np.arange(magnitudes.size) % 2 == 0, 0, 0x80000000).astype(np.uint32)
+    stepped = (magnitudes | signs).view(np.float32)
+    rng = np.random.default_rng(5)
+    anywhere = rng.integers(0, 0xFF800000, N // 2, dtype=np.uint64).astype(np.uint32).view(
+        np.float32)
+    dense = np.linspace(-4.5, 4.5, N // 2, dtype=np.float32)  # the curved part, densely
+    for values in (stepped, anywhere, dense):
+        values = values[~np.isnan(values)]
+        got = erf_module.erf_f32(_sweep(values, np.float32))[: values.size]
+        exact = np.vectorize(math.erf, otypes=[np.float64])(values.astype(np.float64))
+        error = _ulp_error(got, exact, np.float32)
+        print(f"erf f32: max {error.max():.3f} ulp at {values[error.argmax()]!r}")
+        assert error.max() <= 1.0
+
+
+def test_erf_special_values_and_f64(erf_module):
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-40, 3.92, 10.0], np.float32)
+    got = erf_module.erf_f32(_sweep(x, np.float32))[: x.size]
+    assert np.isnan(got[0]) and got[1] == 1 and got[2] == -1
+    assert got[3] == 0 and np.signbit(got[4]) and got[-1] == 1
+    np.testing.assert_array_equal(got[5:7], (x[5:7].astype(np.float64) * 2 / math.sqrt(
+        math.pi)).astype(np.float32))  # erf(x) = 2x / sqrt(pi) near 0
+    rng = np.random.default_rng(6)
+    y = rng.standard_normal(N + 3) * 3
+    got = erf_module.erf_f64(y)
+    exact = np.array([float(mpmath.erf(mpmath.mpf(v))) for v in y[:20000]])
+    assert _ulp_error(got[:20000], exact, np.float64).max() <= 1.0  # libm's erf per lane

@@ -44,8 +44,6 @@ def compiler_fingerprint() -> str:
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
     digest.update(compiler_identity().encode())
-    # Native entries compare dtype numbers, and bfloat16's is assigned at run time.
-    digest.update(str(DType.BF16.numpy.num).encode())
     return digest.hexdigest()
 
 
@@ -109,7 +107,10 @@ class DiskCache:
         return cls(directory)
 
     def _entry(self, key: str) -> Path:
-        return self.root / key[:2] / key
+        # Native entries compare dtype numbers, and bfloat16's is assigned when ml_dtypes
+        # registers it in this process: stored code is only reused under the same number.
+        salted = hashlib.sha256(f"{key}\0bf16={DType.BF16.numpy.num}".encode()).hexdigest()
+        return self.root / salted[:2] / salted
 
     def load_plans(self, key: str):
         path = self._entry(key) / "plans.pickle"

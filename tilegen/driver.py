@@ -9,6 +9,7 @@ import numpy as np
 
 from kina_frontend.diagnostics import KinaError, Source
 from kina_frontend.tensor_ir import Function, Program
+from kina_frontend.types import DType
 
 from .loopir import format_kernel
 from .pipeline import assembly, codegen, plan_program, to_llvm
@@ -53,7 +54,7 @@ def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
     """Deterministic inputs for an @main's placeholders, in order: floats are standard
     normal draws from numpy.random.default_rng(seed + k) for placeholder k; ids are drawn
     uniformly from [0, n) where n is the smallest table/class count of any gather or
-    one_hot that reads them (8 when none does)."""
+    one_hot that reads them (8 when none does); BOOL values are true with probability 1/2."""
     limits = id_limits(function)
     values = []
     for op in function.body:
@@ -64,6 +65,8 @@ def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
         shape = ttype.concrete_shape
         if ttype.dtype.is_float:
             values.append(rng.standard_normal(shape).astype(ttype.dtype.numpy))
+        elif ttype.dtype == DType.BOOL:
+            values.append(rng.random(shape) < 0.5)
         else:
             values.append(rng.integers(0, limits.get(op.result.name, 8), size=shape,
                                        dtype=np.int64))

@@ -290,6 +290,12 @@ def _rounded_to_bf16(view: View) -> View:
 
 
 def _write(ctx: LowerContext, produced: View | L.RowKernel, buffer: L.Buffer) -> None:
+    if isinstance(produced, L.RowKernel) and produced.type.dtype is DType.BF16:
+        # A row kernel reads back what it stored (softmax's exps): it runs on an f32 row
+        # buffer, and only the finished result is rounded to bf16, as the reference does.
+        wide = ctx.add_buffer(buffer.name + "_f32", produced.type.with_dtype(DType.F32), "temp")
+        ctx.body.extend(produced.emit(ctx, wide.name))
+        produced = ctx.buffer_view(wide, produced.type)
     if isinstance(produced, L.RowKernel):
         ctx.body.extend(produced.emit(ctx, buffer.name))
         return

@@ -46,14 +46,20 @@ MLIR_TRANSLATE = "mlir-translate-19"
 
 # mlir-opt-19 passes that take the emitted text to the LLVM dialect (then
 # `mlir-translate-19 --mlir-to-llvmir`): bufferize with identity layouts at function
-# boundaries (so returned views copy with a plain memcpy), results to out-params, linalg to
-# loops, then the standard conversions; math ops without an LLVM intrinsic (tanh) call libm.
+# boundaries (so returned views copy with a plain memcpy), CSE and canonicalize, results to
+# out-params, linalg to loops, then the standard conversions; math ops without an LLVM
+# intrinsic (tanh) call libm.
 # `llvm-request-c-wrappers` adds `_mlir_ciface_NAME` entry points taking one memref
 # descriptor pointer per argument and per result.
 LOWERING_PIPELINE = (
     "--llvm-request-c-wrappers",
     "--one-shot-bufferize=bufferize-function-boundaries "
     "function-boundary-type-conversion=identity-layout-map",
+    # Drops the self-copies in-place insert_slices leave behind (concat writes each operand
+    # straight into its slice of the result): CSE merges the two equal subviews, then
+    # canonicalization erases the copy of a subview onto itself.
+    "--cse",
+    "--canonicalize",
     "--buffer-results-to-out-params",
     "--convert-linalg-to-loops",
     "--expand-strided-metadata",

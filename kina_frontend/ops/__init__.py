@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration)
     linalg,
     norms,
     reductions,
+    slicing,
 )
 from .registry import REGISTRY, OpDef, Param, lookup
 

@@ -274,7 +274,7 @@ def _pow_reference(args, attrs):
 
 def _integer_power(x: L.Expr, n: int) -> L.Expr:
     """x^n for n >= 1 by repeated squaring (exact for small n up to the roundings)."""
-    result = None
+    result: L.Expr | None = None
     square = x
     while n:
         if n & 1:
@@ -282,6 +282,7 @@ def _integer_power(x: L.Expr, n: int) -> L.Expr:
         n >>= 1
         if n:
             square = L.binary("mul", square, square)
+    assert result is not None, "n >= 1"
     return result
 
 

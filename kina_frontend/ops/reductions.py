@@ -81,20 +81,22 @@ def _argmax_reference(args, attrs):
 
 def _softmax_reference(args, attrs):
     (x,) = args
+    dtype, x = x.dtype, widened(x)
     axis = attrs["axis"]
     with np.errstate(all="ignore"):
         shifted = x - np.max(x, axis=axis, keepdims=True)
         e = np.exp(shifted)
-        return ((e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype),)
+        return ((e / np.sum(e, axis=axis, keepdims=True)).astype(dtype),)
 
 
 def _log_softmax_reference(args, attrs):
     (x,) = args
+    dtype, x = x.dtype, widened(x)
     axis = attrs["axis"]
     with np.errstate(all="ignore"):
         shifted = x - np.max(x, axis=axis, keepdims=True)
         lse = np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
-        return ((shifted - lse).astype(x.dtype),)
+        return ((shifted - lse).astype(dtype),)
 
 
 # Vector-Jacobian rules. `b.restore_axis(r, axis, like)` broadcasts an axis-reduced tensor

@@ -69,6 +69,9 @@ class ShapeContext(Protocol):
 
     def record(self, kind: str, claim: str) -> None: ...
 
+    def prove_at_most(self, lhs, rhs, kind: str, claim: str, message: str,
+                      at: str | None = None) -> None: ...
+
 
 ShapeRule = Callable[[ShapeContext, list[TensorType], dict[str, Any]], tuple[TensorType, ...]]
 Reference = Callable[[list[np.ndarray], dict[str, Any]], tuple[np.ndarray, ...]]
