@@ -39,7 +39,10 @@ from bench.common import (
 )
 
 PROBE = REPO / "bench" / "compile_probe.py"
-PROGRAMS = sorted(EXAMPLES.glob("*.kina")) + sorted(BENCH_EXAMPLES.glob("*.kina"))
+# minilm_l6.kina is left out: its functions include a whole BERT's backward pass, and the
+# compile of one of its (B, T) shapes is B8's own row.
+PROGRAMS = [program for program in sorted(EXAMPLES.glob("*.kina"))
+            if program.name != "minilm_l6.kina"] + sorted(BENCH_EXAMPLES.glob("*.kina"))
 PEER_PROGRAM = EXAMPLES / "storylm0_forward.kina"
 COLD_ROUNDS = 5
 PEER_ROUNDS = 3

@@ -36,6 +36,8 @@ TORCH_COMPILE = "torch.compile"
 JAX = "jax"
 JAX_FORI = "jax-fori"
 NUMBA = "numba"
+SENTENCE_TRANSFORMERS = "sentence-transformers"
+ONNXRUNTIME = "onnxruntime"
 # B6 compile time: tilegen in a fresh interpreter, and again in the same process; the peers'
 # first-call compile of the same StoryLM-0 forward in a fresh interpreter.
 TILEGEN_COLD = "tilegen-cold"
@@ -44,8 +46,8 @@ TORCH_COMPILE_COLD = "torch.compile-cold"
 JAX_COLD = "jax-cold"
 NUMBA_COLD = "numba-cold"
 PROVIDERS = (TILEGEN, TILEGEN_1T, TILEGEN_ATTRIBUTE, NUMPY, NUMPY_1T, TORCH, TORCH_1T, TORCH_SDPA,
-             TORCH_COMPILE, JAX, JAX_FORI, NUMBA, TILEGEN_COLD, TILEGEN_SAME_PROCESS,
-             TORCH_COMPILE_COLD, JAX_COLD, NUMBA_COLD)
+             TORCH_COMPILE, JAX, JAX_FORI, NUMBA, SENTENCE_TRANSFORMERS, ONNXRUNTIME,
+             TILEGEN_COLD, TILEGEN_SAME_PROCESS, TORCH_COMPILE_COLD, JAX_COLD, NUMBA_COLD)
 
 SHORT_MODE_NOTE = "short mode (--benchmark-disable)"
 

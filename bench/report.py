@@ -9,7 +9,8 @@ the chart (default .png); without a run, the newest in bench-results/. The repor
 - the machine: CPU (/proc/cpuinfo and LLVM's host CPU name), the OpenBLAS kernel (coretype)
   and thread count threadpoolctl reported, the other thread pools, the environment knobs
   (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE, ...), the load average, library versions;
-- issue 8's targets as ratios with a verdict column, computed from the measured medians;
+- issue 8's and issue 15's targets as ratios with a verdict column, computed from the
+  measured medians;
 - per group: each provider's median, IQR and rounds, threads, the per-unit figure (per step,
   per token), GF/s for matmuls, the first-call (compile) time, and the speed-up of tilegen
   over that provider = provider median / tilegen median (> 1: tilegen is faster); where the
@@ -38,8 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Row order within a group (bench.common.PROVIDERS, repeated here so this script stands alone).
 PROVIDER_ORDER = ("tilegen", "tilegen-1t", "tilegen-attribute", "numpy", "numpy-1t", "torch",
                   "torch-1t", "torch-sdpa", "torch.compile", "jax", "jax-fori", "numba",
-                  "tilegen-cold", "tilegen-same-process", "torch.compile-cold", "jax-cold",
-                  "numba-cold")
+                  "sentence-transformers", "onnxruntime", "tilegen-cold",
+                  "tilegen-same-process", "torch.compile-cold", "jax-cold", "numba-cold")
 BASELINES = ("tilegen", "tilegen-cold")  # whose time the speed-ups divide by
 
 
@@ -177,8 +178,11 @@ B1_OVERHEAD = "B1 call overhead, 9 arguments"
 B2 = "B2 StoryLM-0 training, 120 steps"
 B3 = "B3 StoryLM-0 greedy rollout, 32 tokens"
 B6_FORWARD = "B6 compile storylm0_forward.kina"
+B8_ONE = "B8 MiniLM encode 1 sentence"
+B8_LONG = "B8 MiniLM encode 32 x 128 tokens"
+B8_COMPILE = "B8 MiniLM compile one (B, T) shape"
 
-# Issue 8, "Our targets, as ratios measured side by side in one run".
+# Issue 8, "Our targets, as ratios measured side by side in one run", and issue 15's (B8).
 TARGETS = (
     RatioTarget("StoryLM-0 forward T = 36 (B1)", B1, "numpy", 20),
     RatioTarget("StoryLM-0 forward T = 36 (B1)", B1, "numba", 5),
@@ -200,6 +204,11 @@ TARGETS = (
                0.150),
     TimeTarget("compile storylm0_forward.kina, warm (same process)", B6_FORWARD,
                "tilegen-same-process", 0.010),
+    # Issue 15: all-MiniLM-L6-v2 (B8).
+    RatioTarget("MiniLM encode 32 × 128 tokens (B8)", B8_LONG, "onnxruntime", 1),
+    RatioTarget("MiniLM encode 32 × 128 tokens (B8)", B8_LONG, "sentence-transformers", 1.5),
+    RatioTarget("MiniLM encode 1 sentence (B8)", B8_ONE, "sentence-transformers", 3),
+    TimeTarget("MiniLM compile one (B, T) shape (B8)", B8_COMPILE, "tilegen", 1.0),
 )
 
 # The peers' figures issue 8 quotes for this machine: (group, provider) -> (value, kind),
@@ -320,7 +329,7 @@ def _targets_section(groups) -> list[str]:
     for target in TARGETS:
         measured, verdict = target.evaluate(groups)
         rows.append((target.work, target.wording, measured, verdict))
-    lines = ["## Issue 8 targets", "",
+    lines = ["## Targets (issues 8 and 15)", "",
              "Speed-up = peer median / tilegen median in the same run (per call, step or "
              "token alike, since both do the same work); compile targets are tilegen's own "
              "median.", ""]

@@ -39,6 +39,10 @@ def _run():
             _bench(report.B6_FORWARD, "tilegen-cold", 0.1, import_s=0.4, frontend_s=0.02,
                    machine_code_s=0.08),
             _bench(report.B6_FORWARD, "tilegen-same-process", 0.02),
+            _bench(report.B8_LONG, "tilegen", 0.1, units=32, unit="sentence"),
+            _bench(report.B8_LONG, "onnxruntime", 0.12, units=32, unit="sentence"),
+            _bench(report.B8_LONG, "sentence-transformers", 0.14, units=32, unit="sentence"),
+            _bench(report.B8_COMPILE, "tilegen", 1.5),
         ]}
 
 
@@ -56,6 +60,12 @@ def test_verdicts_come_from_the_measured_ratios():
         ("100 ms", "met")
     assert verdicts[("compile storylm0_forward.kina, warm (same process)", "≤ 10 ms")] == \
         ("20 ms", "missed")
+    long = "MiniLM encode 32 × 128 tokens (B8)"
+    assert verdicts[(long, "≥ 1× onnxruntime")] == ("1.20×", "met")
+    assert verdicts[(long, "≥ 1.5× sentence-transformers")] == ("1.40×", "missed")
+    assert verdicts[("MiniLM encode 1 sentence (B8)", "≥ 3× sentence-transformers")][1] == \
+        "not measured"
+    assert verdicts[("MiniLM compile one (B, T) shape (B8)", "≤ 1 s")] == ("1.5 s", "missed")
 
 
 def test_report_tables(tmp_path):
@@ -80,7 +90,7 @@ def test_main_writes_markdown_and_chart_atomically(tmp_path, capsys):
     assert (tmp_path / "run.md").read_text().startswith("# tilegen benchmark report")
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.md", "run.png"]
-    assert "Issue 8 targets" in capsys.readouterr().out
+    assert "Targets (issues 8 and 15)" in capsys.readouterr().out
 
 
 def test_runs_default_to_a_git_ignored_folder(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import ast
@@ -93,17 +94,19 @@ def parse_source(source: Source) -> ast.Module:
     return parse(source)
 
 
-def check_source(source: Source) -> CheckedProgram:
-    return check_module(parse(source))
+def check_source(source: Source, consts: Mapping[str, int] | None = None) -> CheckedProgram:
+    """Parse and check; `consts` sets consts defined by an integer literal to other values."""
+    return check_module(parse(source), consts)
 
 
 def load_program(path: str | os.PathLike) -> CheckedProgram:
     return check_source(load_source(path))
 
 
-def program_from_text(text: str, name: str = "<string>") -> Program:
+def program_from_text(text: str, name: str = "<string>",
+                      consts: Mapping[str, int] | None = None) -> Program:
     """Parse, check and specialise Kina source text into concrete tensor IR."""
-    return specialize(check_source(Source(name, text)))
+    return specialize(check_source(Source(name, text), consts))
 
 
 __all__ = [

@@ -10,6 +10,7 @@ so a shape fact is proved for every value of the constants (`reshape([1,T,4] ->
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import sympy
@@ -54,8 +55,11 @@ class CheckedProgram:
     obligations: tuple[Obligation, ...]
 
 
-def check_module(module: ast.Module) -> CheckedProgram:
-    return _Checker(module).run()
+def check_module(module: ast.Module, consts: Mapping[str, int] | None = None) -> CheckedProgram:
+    """Check a parsed module. `consts` gives other values to consts defined by an integer
+    literal (`{"T": 128}` compiles `const T = 16;` as T = 128); the proofs are the same, since
+    such a const is a free symbol while checking."""
+    return _Checker(module, dict(consts or {})).run()
 
 
 # ---- the checker ----------------------------------------------------------------------------
@@ -86,8 +90,9 @@ class _FunctionScope:
 
 
 class _Checker:
-    def __init__(self, module: ast.Module):
+    def __init__(self, module: ast.Module, overrides: dict[str, int]):
         self.module = module
+        self.overrides = overrides
         self.symbols: dict[str, sympy.Expr] = {}
         self.values: dict[str, int] = {}
         self.const_spans: dict[str, Span] = {}
@@ -100,6 +105,11 @@ class _Checker:
     def run(self) -> CheckedProgram:
         for const in self.module.consts:
             self.declare_const(const)
+        unknown = sorted(set(self.overrides) - set(self.symbols))
+        if unknown:
+            raise KinaError("name", f"consts= names {', '.join(map(repr, unknown))}, which the "
+                            "program does not declare", None,
+                            (f"its consts are {', '.join(self.symbols) or 'none'}",))
         mains = []
         for decl in self.module.functions:
             self.declare_function(decl)
@@ -129,17 +139,36 @@ class _Checker:
                             const.name.span)
         expr = self.dim_expr(const.value)
         value = self.evaluate(expr)
+        notes: tuple[str, ...] = ()
+        if name in self.overrides:
+            value = self.override(const)
+            notes = (f"the value {value} was set by consts=",)
         if value < 1:
             raise KinaError("shape", f"const '{name}' must be a positive integer, got {value}",
-                            const.value.span)
+                            const.value.span, notes)
         if value > MAX_DIM:
             raise KinaError("shape", f"const '{name}' = {value} is larger than the largest "
-                            f"supported dimension {MAX_DIM}", const.value.span)
+                            f"supported dimension {MAX_DIM}", const.value.span, notes)
         # A const given by a literal is a free symbol; one given by an expression is that
         # expression, so `const D = H * Dh` lets reshape [.., D] -> [.., H, Dh] be proved.
         self.symbols[name] = const_symbol(name) if isinstance(const.value, ast.IntLit) else expr
         self.values[name] = value
         self.const_spans[name] = const.name.span
+
+    def override(self, const: ast.ConstDecl) -> int:
+        name = const.name.ident
+        value = self.overrides[name]
+        if not isinstance(const.value, ast.IntLit):
+            raise KinaError("name", f"consts= sets '{name}', which is defined by an expression",
+                            const.value.span, ("only a const given by an integer literal can "
+                                               "be set; set the consts it is made of",))
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            return operator.index(value)
+        except TypeError:
+            raise KinaError("type", f"consts= sets '{name}' to {value!r}, not an integer",
+                            const.value.span) from None
 
     @property
     def substitution(self) -> dict[sympy.Symbol, int]:

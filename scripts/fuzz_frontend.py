@@ -61,7 +61,10 @@ def seed_corpus(generated: int = 24, valid_weight: int = 4) -> list[str]:
     """The programs mutants start from. Valid programs appear `valid_weight` times each, so
     most mutants are one edit away from a program that checks (and reach the checker);
     the bad programs of the diagnostics catalogue make up the rest."""
-    valid = [p.read_text() for p in sorted((REPO / "examples").rglob("*.kina"))]
+    # minilm_l6.kina (370 lines, 101 weights per signature) is left out: a mutant of it
+    # costs a whole BERT to check, and it would shift every mutant the fixed seeds make.
+    valid = [p.read_text() for p in sorted((REPO / "examples").rglob("*.kina"))
+             if p.name != "minilm_l6.kina"]
     invalid = re.findall(r"```kina\n(.*?)```", (REPO / "docs" / "errors.md").read_text(),
                          re.DOTALL)
     with contextlib.suppress(ImportError):  # the test helpers need pytest and hypothesis

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 
-from kina_frontend import Program, Source, check_source, load_source, specialize
+from kina_frontend import KinaError, Program, Source, check_source, load_source, specialize
 from kina_frontend.tensor_ir import format_program
 from kina_frontend.verify import check_program
 
@@ -27,34 +28,55 @@ def compile_program(program: Program, jit: bool = True, output: str | None = Non
 
 
 def compile_source(text: str, name: str = "<string>", jit: bool = True,
-                   output: str | None = None) -> CompiledModule:
-    return _compile(name, text, lambda: _checked(specialize(check_source(Source(name, text)))),
-                    jit, output)
+                   output: str | None = None, consts: Mapping[str, int] | None = None,
+                   functions: Iterable[str] | None = None) -> CompiledModule:
+    """Compile Kina source text; `name` is the file name diagnostics show. The keywords are
+    those of `compile_file`."""
+    return _compile_source(Source(name, text), jit, output, consts, functions)
 
 
-def compile_file(path: str | os.PathLike, jit: bool = True,
-                 output: str | None = None) -> CompiledModule:
+def compile_file(path: str | os.PathLike, jit: bool = True, output: str | None = None,
+                 consts: Mapping[str, int] | None = None,
+                 functions: Iterable[str] | None = None) -> CompiledModule:
     """Compile a .kina file (or a bundled example name) into a module whose attributes are
-    its functions; each takes NumPy arrays positionally and returns an array or a tuple."""
-    source = load_source(path)
-    return _compile(source.name, source.text,
-                    lambda: _checked(specialize(check_source(source))), jit, output)
+    its functions; each takes NumPy arrays positionally and returns an array or a tuple.
+
+    `consts={"T": 128}` compiles the program with those values for consts defined by an
+    integer literal (shapes are proved for every value, so one source serves every size);
+    `functions=("f",)` compiles only those functions (the others are still checked)."""
+    return _compile_source(load_source(path), jit, output, consts, functions)
 
 
-def _checked(program: Program) -> Program:
-    """The checker's output verified like any program (about a millisecond for the
-    StoryLM-0 training step): a checker bug is then a diagnostic, not native code."""
-    check_program(program)
-    return program
+def _compile_source(source: Source, jit: bool, output: str | None,
+                    consts: Mapping[str, int] | None,
+                    functions: Iterable[str] | None) -> CompiledModule:
+    consts = dict(consts or {})
+    names = None if functions is None else tuple(functions)
+
+    def frontend() -> Program:
+        program = specialize(check_source(source, consts))
+        if names is not None:
+            missing = [n for n in names if n not in {f.name for f in program.functions}]
+            if missing:
+                raise KinaError("name", f"functions= names {', '.join(map(repr, missing))}, "
+                                f"which {source.name} does not define", None)
+        # The checker's output verified like any program (about a millisecond for the
+        # StoryLM-0 training step): a checker bug is then a diagnostic, not native code.
+        check_program(program)
+        return program
+
+    return _compile(source.name, source.text, frontend, jit, output, names,
+                    tuple(sorted(consts.items())))
 
 
 def planned(name: str, text: str, frontend, settings: config.Config, jit: bool,
-            names: tuple[str, ...] | None = None, lazy: bool = False):
+            names: tuple[str, ...] | None = None, lazy: bool = False,
+            consts: tuple[tuple[str, int], ...] = ()):
     """(plans, disk cache or None, cache key): the plans from the disk cache when
     TILEGEN_CACHE_DIR is set and holds them, else planned now (and stored there). `lazy`
     without a disk cache: each function planned on first use (a `PlanTable`), with the size
     and autodiff diagnostics raised here."""
-    key = cache_key(name, f"{text}\0{names}", settings, jit)
+    key = _key(name, text, names, consts, settings, jit)
     disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
     plans = disk.load_plans(key) if disk is not None else None
     if plans is None and lazy and disk is None:
@@ -66,16 +88,21 @@ def planned(name: str, text: str, frontend, settings: config.Config, jit: bool,
     return plans, disk, key
 
 
+def _key(name: str, text: str, names, consts, settings: config.Config, jit: bool) -> str:
+    return cache_key(name, f"{text}\0{names}\0{consts}", settings, jit)
+
+
 def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
-             names: tuple[str, ...] | None = None) -> CompiledModule:
+             names: tuple[str, ...] | None = None,
+             consts: tuple[tuple[str, int], ...] = ()) -> CompiledModule:
     settings = config.load()
-    key = cache_key(name, f"{text}\0{names}", settings, jit)
+    key = _key(name, text, names, consts, settings, jit)
     if output is None and settings.memory_cache_entries:
         cached = MEMORY.get(key)
         if cached is not None:
             return cached
     plans, disk, key = planned(name, text, frontend, settings, jit, names,
-                               lazy=jit and output is None)
+                               lazy=jit and output is None, consts=consts)
     if jit and output is None:
         module = jit_module(plans, settings.profile, disk, key)
     else:

