@@ -48,7 +48,7 @@ def _torch_call(a, b, out):
 
 @pytest.mark.parametrize("timed, neighbour", [(TILEGEN, NUMPY), (NUMPY, TILEGEN),
                                               (TILEGEN, TORCH), (TORCH, TILEGEN)])
-def test_b7_matmul_next_to_another_library(benchmark, pair, timed, neighbour):
+def test_b10_matmul_next_to_another_library(benchmark, pair, timed, neighbour):
     a, b, expected, calls, outs = pair
     calls = dict(calls)
     if TORCH in (timed, neighbour):
