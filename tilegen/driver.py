@@ -12,6 +12,7 @@ from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Program
 from kina_frontend.types import DType
 
+from . import config
 from .loopir import format_kernel
 from .pipeline import assembly, codegen, plan_program, to_llvm
 from .runtime import IdOutOfRangeError
@@ -129,8 +130,6 @@ def _run_main(program: Program, seed: int) -> int:
     main = program.main
     if main is None:
         raise KinaError("name", "--run needs an @main function", None)
-    from . import config
-
     inlined = inline_calls(program, main, config.load().max_inlined_ops)
     try:
         inputs = placeholder_values(inlined, seed)
