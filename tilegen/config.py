@@ -9,6 +9,10 @@ TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlin
                      (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
+TILEGEN_GOMP_SPINCOUNT  how long libgomp's idle workers spin before they sleep, given to
+                     libgomp as GOMP_SPINCOUNT when tilegen loads it (default 10000; see
+                     tilegen/runtime.py). Ignored when GOMP_SPINCOUNT or OMP_WAIT_POLICY is
+                     set, or libgomp is already in the process (PyTorch loaded it first).
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -22,6 +26,8 @@ from dataclasses import dataclass, field
 from kina_frontend.transforms import MAX_INLINED_OPS
 
 MEMORY_CACHE_ENTRIES = 32
+# libgomp's default is 300 000 spins (milliseconds of a core after each parallel region).
+GOMP_SPINCOUNT = 10_000
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class Config:
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
+    gomp_spincount: int = field(default=GOMP_SPINCOUNT, repr=False)
 
 
 def _int(name: str, default: int, minimum: int = 1) -> int:
@@ -70,4 +77,5 @@ def load() -> Config:
                   stack_bytes=stack_budget(),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
-                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))
+                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),
+                  gomp_spincount=_int("TILEGEN_GOMP_SPINCOUNT", GOMP_SPINCOUNT, minimum=0))
