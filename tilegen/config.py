@@ -9,6 +9,9 @@ TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlin
                      (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
+TILEGEN_VERIFY       1: run the tensor-IR verifier on each prepared function and the loop-IR
+                     verifier after lowering and after every schedule pass (tilegen/stages.py;
+                     the tests run them always)
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -34,6 +37,7 @@ class Config:
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
+    verify: bool = field(default=False, repr=False)  # checks only: the code is the same
 
 
 def _int(name: str, default: int, minimum: int = 1) -> int:
@@ -70,4 +74,5 @@ def load() -> Config:
                   stack_bytes=stack_budget(),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
-                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))
+                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),
+                  verify=_flag("TILEGEN_VERIFY", False))
