@@ -204,3 +204,25 @@ def test_emit_plan_of_the_golden_example_reads_back_as_the_golden():
     assert "#" in plan_text and "#" not in loops_text
     assert [format_kernel(k) for k in parse_kernels(plan_text)] == \
         [format_kernel(k) for k in parse_kernels(loops_text)]
+
+
+# ---- the docs are the table -----------------------------------------------------------------
+
+def _table_rows(path: str, header: str) -> list[list[str]]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / path).read_text()
+    block = text[text.index(header):].split("\n\n")[0]
+    return [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in block.splitlines()[2:]]
+
+
+def test_architecture_md_shows_the_stage_table():
+    rows = _table_rows("docs/architecture.md", "| stage | reads | `--emit` prints |")
+    assert rows == [[f"`{s.name}`", f"`{stages.source_of(s)}`", s.prints]
+                    for s in stages.STAGES]
+
+
+def test_readme_lists_every_stage_in_order():
+    rows = _table_rows("README.md", "| `--emit` | prints |")
+    assert [row[0] for row in rows] == [f"`{name}`" for name in stages.NAMES]

@@ -220,7 +220,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("tensor", "the typed tensor IR (round-trips through kina_frontend.parse_ir)",
           _tensor, lambda program, ctx: _format_program(program), verify=_verify_tensor),
     Stage("prepared", "each compiled function's tensor IR after inlining, reverseMode "
-          "expansion, simplification, dead-code elimination and projection before gather",
+          "expansion (its gradient simplified), dead-code elimination and projection before "
+          "gather",
           _prepared, _show_prepared, verify=_verify_prepared),
     Stage("lowered", "the loop-nest IR as lowering builds it, before any schedule pass",
           _lowered, _show_kernels, verify=_verify_plans("lowered")),
@@ -232,7 +233,7 @@ STAGES: tuple[Stage, ...] = (
           "unrolling, joint reductions, tail-tile widths (tilegen/emitplan.py)",
           _same, _show_emit_plan),
     Stage("llvm", "the LLVM IR codegen builds, before optimisation", _llvm, _show_llvm,
-          verify=_verify_llvm),
+          reads="loops", verify=_verify_llvm),
     Stage("llvm-opt", "the LLVM IR after the O3 pipeline", _llvm_opt,
           lambda parsed, ctx: str(parsed)),
     Stage("asm", "assembly for the host CPU", _asm, _text),
