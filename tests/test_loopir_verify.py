@@ -79,6 +79,20 @@ BROKEN = {
         L.CheckedId(LOOP_I, 4, 0, (LOOP_I,)), L.F32)))),
     "threads=2 on a serial loop": _kernel(_loop(_store(_x()), threads=2)),
     "loop extent 0": _kernel(_loop(_store(_x(L.const(0))), extent=0)),
+    "stores a value that varies across the lanes of vector loop 'i' to one element":
+        _kernel(_loop(_store(_x(), index=L.const(0)), kind="vector", width=4)),
+    "parallel loop inside the tile of vector loop 'i'": _kernel(_loop(
+        _loop(_store(_x()), var=LOOP_J, extent=2, kind="parallel", width=2),
+        kind="vector", width=4)),
+    "argmax cannot run in vector tiles": _kernel(_loop(_store(L.Cast(
+        L.Reduce("argmax", LOOP_J, 4, _x(LOOP_J), L.I64, 4), L.F32)))),
+    "'add' of i1 (no arithmetic on booleans)": _kernel(_loop(_store(L.Select(
+        L.Binary("add", L.Binary("lt", _x(), _x(), L.BOOL), L.Binary("lt", _x(), _x(), L.BOOL),
+                 L.BOOL), _x(), _x(), L.F32)))),
+    "gemm operand B reads index 'i'": _kernel(L.Gemm(
+        "o", (L.Var("b"),), (1,), LOOP_I, LOOP_J, L.Var("k"), 2, 2, 4, _x(L.Var("k")),
+        _x(LOOP_I), L.F32, L.GemmTiles(12, 32, 256, 96, 1024)),
+        buffers=(X, L.Buffer("o", L.F32, (1, 2, 2), L.BufferRole.OUTPUT))),
 }
 
 

@@ -11,7 +11,10 @@ any kernel (lowered, after each pass, or read from a `.loops` file).
   operand and result types as codegen types them (no float op on integers, comparisons give
   `i1`, indices are `i64`, a store's value has its buffer's value type);
 - schedules: a vector loop's width and a vectorised reduction's are powers of two from 2 to
-  64, thread counts at least 1, loop extents at least 1;
+  64, thread counts at least 1, loop extents at least 1; only sum/max/maxnum run in vector
+  tiles; inside a tile no parallel loop and no store of a lane-varying value to one element;
+  a gemm is a top-level statement whose A operand reads only (batch, i, k), its B operand
+  (batch, k, j);
 - bounds: an index component that is affine in loop and reduction variables (no loads or
   opaque terms) lies within its dimension over the whole iteration space; id checks name a
   check site of the kernel with a position of the site's rank.
@@ -34,6 +37,10 @@ _FLOAT_ONLY_UNARY = {L.UnaryOp.EXP, L.UnaryOp.LOG, L.UnaryOp.SQRT, L.UnaryOp.TAN
                      L.UnaryOp.ERF}
 _INTEGER_ONLY_BINARY = {L.BinaryOp.FLOORDIV, L.BinaryOp.MOD}
 _BOOL_BINARY = {L.BinaryOp.AND, L.BinaryOp.OR}
+_ARITHMETIC = {L.BinaryOp.ADD, L.BinaryOp.SUB, L.BinaryOp.MUL, L.BinaryOp.DIV, L.BinaryOp.MAX,
+               L.BinaryOp.MIN, L.BinaryOp.FLOORDIV, L.BinaryOp.MOD}
+# Reductions codegen can run in vector tiles (schedule.py vectorises only these).
+_VECTOR_REDUCTIONS = {L.ReduceOp.SUM, L.ReduceOp.MAX, L.ReduceOp.MAXNUM}
 MAX_VECTOR_WIDTH = 64
 
 
@@ -82,6 +89,11 @@ class _Verifier:
         self.defined: set[str] = set()  # loop and let variables of the current nest
         self.scope = _Scope()
         self.stmt: L.Stmt | None = None
+        # Inside a vector loop's tile: its lane variable and the lets whose values vary
+        # across the lanes (as codegen decides: they read the lane variable or such a let).
+        self.lane: str | None = None
+        self.varying: set[str] = set()
+        self.depth = 0  # loops around the current statement
 
     def fail(self, message: str) -> LoopIRVerifyError:
         shown = ""
@@ -144,6 +156,8 @@ class _Verifier:
                                 f"value is {stmt.value.dtype}")
             self.define(stmt.var)
             self.scope.frames[-1][stmt.var.name] = (stmt.var.dtype, None)
+            if self.lane_dependent(stmt.value):
+                self.varying.add(stmt.var.name)
         elif isinstance(stmt, L.Store):
             buffer = self.access(stmt.buffer, stmt.index)
             if buffer.role == L.BufferRole.INPUT:
@@ -153,7 +167,13 @@ class _Verifier:
             if stmt.value.dtype != L.value_type(buffer.dtype):
                 raise self.fail(f"stores a {stmt.value.dtype} value to {buffer.name!r}, whose "
                                 f"elements take {L.value_type(buffer.dtype)}")
+            if self.lane_dependent(stmt.value) and \
+                    not any(self.lane_dependent(i) for i in stmt.index):
+                raise self.fail(f"stores a value that varies across the lanes of vector loop "
+                                f"{self.lane!r} to one element")
         elif isinstance(stmt, L.Gemm):
+            if self.depth:
+                raise self.fail("a gemm runs only as a top-level statement of its kernel")
             self.gemm(stmt)
         else:
             raise self.fail(f"unknown statement {type(stmt).__name__}")
@@ -174,11 +194,25 @@ class _Verifier:
         if loop.threads < 1 or (loop.threads > 1 and loop.kind != L.LoopKind.VECTOR):
             raise self.fail(f"threads={loop.threads} on a {loop.kind} loop (only vector loops "
                             f"split their tiles across threads)")
+        if self.lane is not None and loop.kind == L.LoopKind.PARALLEL and loop.width > 1:
+            raise self.fail(f"parallel loop inside the tile of vector loop {self.lane!r}")
         self.define(loop.var)
+        saved = self.lane, set(self.varying)
+        if self.lane is None and loop.kind == L.LoopKind.VECTOR:
+            self.lane = loop.var.name
         self.scope.frames.append({loop.var.name: (L.I64, loop.extent)})
+        self.depth += 1
         self.block(loop.body)
+        self.depth -= 1
         self.scope.frames.pop()
+        self.lane, self.varying = saved
         self.stmt = loop
+
+    def lane_dependent(self, expr: L.Expr) -> bool:
+        if self.lane is None:
+            return False
+        names = L.free_vars(expr)
+        return self.lane in names or bool(names & self.varying)
 
     def gemm(self, gemm: L.Gemm) -> None:
         out = self.access(gemm.out, None)
@@ -203,7 +237,14 @@ class _Verifier:
             if self.scope.lookup(name) is not None:
                 raise self.fail(f"gemm index {name!r} shadows a variable in scope")
         self.scope.frames.append(frame)
-        for operand in (gemm.a_elem, gemm.b_elem):
+        batch_names = set(batch)
+        reads = ((gemm.a_elem, "A", batch_names | {gemm.i.name, gemm.k.name}),
+                 (gemm.b_elem, "B", batch_names | {gemm.k.name, gemm.j.name}))
+        for operand, name, allowed in reads:
+            stray = sorted(L.free_vars(operand) & set(frame) - allowed)
+            if stray:  # A is packed per (i, k) and B per (k, j)
+                raise self.fail(f"gemm operand {name} reads index {stray[0]!r}")
+        for operand, _, _ in reads:
             self.expr(operand)
             if operand.dtype != gemm.dtype:
                 raise self.fail(f"gemm operand is {operand.dtype}, the product {gemm.dtype}")
@@ -286,6 +327,8 @@ class _Verifier:
             raise self.fail(f"'{expr.op}' of {expr.lhs.dtype} (integers only)")
         if expr.op in _BOOL_BINARY and expr.lhs.dtype != L.BOOL:
             raise self.fail(f"'{expr.op}' of {expr.lhs.dtype} (i1 only)")
+        if expr.op in _ARITHMETIC and expr.lhs.dtype == L.BOOL:
+            raise self.fail(f"'{expr.op}' of i1 (no arithmetic on booleans)")
 
     def unary(self, expr: L.Unary) -> None:
         if not _known(expr.op, L.UnaryOp):
@@ -295,6 +338,8 @@ class _Verifier:
             raise self.fail(f"'{expr.op}' of {expr.operand.dtype} typed {expr.dtype}")
         if expr.op in _FLOAT_ONLY_UNARY and expr.dtype not in L.FLOAT_TYPES:
             raise self.fail(f"'{expr.op}' of {expr.dtype} (floats only)")
+        if expr.op in (L.UnaryOp.NEG, L.UnaryOp.ABS) and expr.dtype == L.BOOL:
+            raise self.fail(f"'{expr.op}' of i1 (no arithmetic on booleans)")
         if expr.op == L.UnaryOp.ROUND_BF16 and expr.dtype != L.F32:
             raise self.fail(f"round_bf16 of {expr.dtype} (f32 only)")
 
@@ -307,6 +352,9 @@ class _Verifier:
             problem = vector_width_problem(expr.vector_width)
             if problem:
                 raise self.fail(f"reduction {problem}")
+            if expr.op not in _VECTOR_REDUCTIONS:
+                raise self.fail(f"{expr.op} cannot run in vector tiles (only "
+                                f"{', '.join(sorted(_VECTOR_REDUCTIONS))})")
         if self.scope.lookup(expr.var.name) is not None:
             raise self.fail(f"reduction index {expr.var.name!r} shadows a variable in scope")
         self.scope.frames.append({expr.var.name: (L.I64, expr.extent)})
