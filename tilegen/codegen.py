@@ -18,6 +18,7 @@ from llvmlite import ir
 from . import loopir as L
 from . import storage
 from .affine import to_affine
+from .emitplan import UNROLL_TRIPS, joint_reduction, tail_width
 from .frame import plan_frame
 from .vecmath import MathLibrary
 
@@ -27,10 +28,6 @@ I64 = ir.IntType(64)
 PTR = ir.PointerType()
 SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL: I1,
                **storage.STORAGE_LLVM}
-
-# Static reduction loops, innermost loops and runs of vector tiles with at most this many
-# trips are unrolled as they are emitted.
-UNROLL_TRIPS = 4
 
 # Temporaries up to 64 KiB live on the stack up to a budget for the frame; the rest share
 # one heap workspace (tilegen/frame.py).
@@ -125,16 +122,6 @@ def _lane_max(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 _JOINT_COMBINE = {"sum": _lane_sum, "maxnum": _lane_max}
 
 
-def _tail_width(width: int, active: int) -> int:
-    """Lanes for a loop's last `active` (< width) elements: the narrowest of 4 and 8 lanes
-    that holds them. A masked 16-lane tile costs a full 512-bit op per instruction (two
-    issue slots on Zen 4); a 4-lane one, a quarter of that."""
-    for narrow in (4, 8):
-        if active <= narrow < width:
-            return narrow
-    return width
-
-
 def _int_constant(value: ir.Value) -> int | None:
     if isinstance(value, ir.Constant) and isinstance(value.type, ir.IntType) \
             and isinstance(value.constant, int):
@@ -173,6 +160,42 @@ def _const(dtype: str, value) -> ir.Constant:
     if dtype in (L.F32, L.F64):
         return ir.Constant(SCALAR_LLVM[dtype], float(value))
     return ir.Constant(SCALAR_LLVM[dtype], int(value))
+
+
+def _neg(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
+    return cg.b.fneg(value) if dtype in L.FLOAT_TYPES else cg.b.neg(value)
+
+
+def _float_intrinsic(name: str):
+    def emit(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
+        return cg.b.call(cg._intrinsic(name, value.type, [value.type]), [value])
+    return emit
+
+
+def _abs(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
+    if dtype in L.FLOAT_TYPES:
+        return _float_intrinsic("llvm.fabs")(cg, value, dtype)
+    function = cg._intrinsic("llvm.abs", value.type, [value.type, I1])
+    return cg.b.call(function, [value, ir.Constant(I1, 0)])
+
+
+def _math(op: str):
+    def emit(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
+        return cg.math.call(cg.b, op, value)
+    return emit
+
+
+# How each unary op is emitted: (codegen, operand, dtype) -> value. An op missing here is an
+# error, never some other function (a name the math library happened to have).
+_UNARY_EMIT = {
+    L.UnaryOp.NEG: _neg,
+    L.UnaryOp.SQRT: _float_intrinsic("llvm.sqrt"),
+    L.UnaryOp.ABS: _abs,
+    L.UnaryOp.ROUND_BF16: lambda cg, value, dtype: storage.round_bf16(cg.b, value),
+    **{op: _math(op) for op in (L.UnaryOp.EXP, L.UnaryOp.LOG, L.UnaryOp.TANH, L.UnaryOp.ERF)},
+}
+_BINARY_OPS = frozenset(L.BinaryOp)
+_REDUCE_OPS = frozenset(L.ReduceOp)
 
 
 class KernelCodegen:
@@ -409,15 +432,8 @@ class KernelCodegen:
         accumulators are halved pairwise in shared shuffles, about a third of the
         instructions of one horizontal reduction each, with the other trips' work to
         overlap. False when the loop is not that."""
-        if self.lane is not None or loop.extent < 2:
-            return False
-        reductions = [e for s in loop.body if isinstance(s, (L.Let, L.Store))
-                      for e in L.subexpressions(s.value) if isinstance(e, L.Reduce)]
-        if len(reductions) != 1 or not all(isinstance(s, (L.Let, L.Store)) for s in loop.body):
-            return False
-        (reduce,) = reductions
-        if reduce.op not in _JOINT_COMBINE or not reduce.vector_width or \
-                reduce.dtype not in L.FLOAT_TYPES:
+        reduce = joint_reduction(loop, in_tile=self.lane is not None)  # tilegen/emitplan.py
+        if reduce is None:
             return False
 
         def trips(first, count: int) -> None:
@@ -483,7 +499,7 @@ class KernelCodegen:
         """A vector loop's last extent % width elements, as one narrow (4/8-lane) tile."""
         main = loop.extent // loop.width * loop.width
         active = loop.extent - main
-        narrow = _tail_width(loop.width, active)
+        narrow = tail_width(loop.width, active)
         mask = self._tail_mask(narrow, active) if active < narrow else None
         self._in_tile(loop.var.name, narrow, ir.Constant(I64, main), mask, loop.body)
 
@@ -758,6 +774,8 @@ class KernelCodegen:
         return values
 
     def _binary(self, op: str, lhs: Val, rhs: Val, dtype: str) -> Val:
+        if op not in _BINARY_OPS:  # the branches below cover exactly these
+            raise L.unknown_op("binary", op, L.BinaryOp)
         lhs, rhs = self._unify(lhs, rhs)
         a, b, vector = lhs.value, rhs.value, lhs.vector
         is_float = dtype in L.FLOAT_TYPES
@@ -793,20 +811,10 @@ class KernelCodegen:
         return Val(method(a, b), vector)
 
     def _unary(self, op: str, operand: Val, dtype: str) -> Val:
-        value = operand.value
-        if op == "neg":
-            result = self.b.fneg(value) if dtype in L.FLOAT_TYPES else self.b.neg(value)
-            return Val(result, operand.vector)
-        if op in ("sqrt", "abs") and dtype in L.FLOAT_TYPES:
-            name = "llvm.sqrt" if op == "sqrt" else "llvm.fabs"
-            return Val(self.b.call(self._intrinsic(name, value.type, [value.type]), [value]),
-                       operand.vector)
-        if op == "abs":
-            function = self._intrinsic("llvm.abs", value.type, [value.type, I1])
-            return Val(self.b.call(function, [value, ir.Constant(I1, 0)]), operand.vector)
-        if op == "round_bf16":
-            return Val(storage.round_bf16(self.b, value), operand.vector)
-        return Val(self.math.call(self.b, op, value), operand.vector)
+        emit = _UNARY_EMIT.get(op)
+        if emit is None:
+            raise L.unknown_op("unary", op, L.UnaryOp)
+        return Val(emit(self, operand.value, dtype), operand.vector)
 
     def _cast(self, value: Val, source: str, target: str) -> Val:
         ty = SCALAR_LLVM[target]
@@ -846,6 +854,8 @@ class KernelCodegen:
         return _const(dtype, -(2**63))
 
     def _reduce(self, reduce: L.Reduce) -> Val:
+        if reduce.op not in _REDUCE_OPS:  # _combine's last branch would take it as argmax
+            raise L.unknown_op("reduction", reduce.op, L.ReduceOp)
         if reduce.vector_width and self.lane is None:
             return self._vector_reduce(reduce)
         varying = self._depends_on_lane(reduce)
@@ -972,7 +982,7 @@ class KernelCodegen:
                                  lambda index, acc: tile(index, None, acc))
         if reduce.extent - main:
             active = reduce.extent - main
-            narrow = _tail_width(width, active)
+            narrow = tail_width(width, active)
             carried = tile(ir.Constant(I64, main),
                            self._tail_mask(narrow, active) if active < narrow else None,
                            carried, narrow)

@@ -1,4 +1,5 @@
-"""The CLI's back half: --emit loops|llvm|asm|mlir, -o OUT.so|.o|.a [--header H], --run."""
+"""The CLI's back half: -o OUT.so|.o|.a [--header H] and --run (the stages themselves are
+printed from the table in tilegen/stages.py)."""
 
 from __future__ import annotations
 
@@ -13,37 +14,14 @@ from kina_frontend.tensor_ir import Function, Program
 from kina_frontend.types import DType
 
 from . import config
-from .loopir import format_kernel
-from .pipeline import assembly, codegen, plan_program, to_llvm
 from .runtime import IdOutOfRangeError
 
 
-def run_backend_stages(program: Program, source: Source, args, started: float) -> int:
-    names = None
-    if args.function:
-        if args.function not in program.function_names:
-            raise KinaError("name", f"--function: no function '{args.function}' in "
-                            f"{source.name} (it has: {', '.join(program.function_names)})", None)
-        names = (args.function,)
-    if "mlir" in args.emit:
-        from .mlir import emit_mlir
-
-        print(emit_mlir(program), end="")
-    needs_code = any(s in args.emit for s in ("loops", "llvm", "asm")) or args.output or args.run
-    if not needs_code:
-        return 0
-    plans = plan_program(program, names)
-    if "loops" in args.emit:
-        for plan in plans:
-            print(format_kernel(plan.kernel))
-            print()
-    if "llvm" in args.emit or "asm" in args.emit:
-        builder_module = codegen(plans)
-        if "llvm" in args.emit:
-            print(to_llvm(builder_module, optimize_module=True), end="")
-        if "asm" in args.emit:
-            print(assembly(to_llvm(builder_module)), end="")
-    if args.output:
+def run_backend_stages(plans: list, program: Program | None, source: Source, args,
+                       started: float) -> int:
+    """-o OUT [--header H] and --run, from the planned kernels (the `loops` stage). Without
+    a tensor program (a .loops file), --run runs a kernel directly."""
+    if args.output and "obj" not in args.emit:  # --emit obj -o FILE wrote the object itself
         from .library import write_library
 
         write_library(plans, args.output, args.header, source.name)
@@ -51,6 +29,10 @@ def run_backend_stages(program: Program, source: Source, args, started: float) -
         header = f" and {args.header}" if args.header else ""
         print(f"wrote {args.output}{header} ({len(plans)} function(s), "
               f"{format_seconds(elapsed)})")
+    if args.run and program is None:
+        from .loopfile import run_kernel
+
+        return run_kernel(plans, args.function, args.seed)
     if args.run:
         return _run_main(program, args.seed)
     return 0
@@ -81,17 +63,21 @@ def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
             raise KinaError("run", f"--seed {seed} gives placeholder {number} the NumPy seed "
                             f"{seed + number}, and seeds must be non-negative", op.span,
                             ("placeholder k is drawn with seed + k: use --seed 0 or more",))
-        rng = np.random.default_rng(seed + number)
-        ttype = op.result.type
-        shape = ttype.concrete_shape
-        if ttype.dtype.is_float:
-            values.append(rng.standard_normal(shape).astype(ttype.dtype.numpy))
-        elif ttype.dtype == DType.BOOL:
-            values.append(rng.random(shape) < 0.5)
-        else:
-            values.append(rng.integers(0, limits.get(op.result.name, 8), size=shape,
-                                       dtype=np.int64))
+        values.append(placeholder_value(op.result.type, seed + number,
+                                        limits.get(op.result.name, 8)))
     return values
+
+
+def placeholder_value(ttype, seed: int, id_limit: int) -> np.ndarray:
+    """One deterministic value of `ttype`: standard normal floats from default_rng(seed),
+    ids uniform in [0, id_limit), BOOL true with probability 1/2."""
+    rng = np.random.default_rng(seed)
+    shape = ttype.concrete_shape
+    if ttype.dtype.is_float:
+        return rng.standard_normal(shape).astype(ttype.dtype.numpy)
+    if ttype.dtype == DType.BOOL:
+        return rng.random(shape) < 0.5
+    return rng.integers(0, id_limit, size=shape, dtype=np.int64)
 
 
 def id_limits(function: Function) -> dict[str, int]:
