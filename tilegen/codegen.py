@@ -233,14 +233,41 @@ class KernelCodegen:
         self.varying_names: set[str] = set()
         self.outlined_count = 0  # parallel regions outlined so far (their names)
 
+    def _start_helper(self, parent: KernelCodegen, function: ir.Function) -> None:
+        """State for generating `function`, a helper of `parent`'s kernel (a parallel
+        region, a shared statement): the kernel's buffers and block table, fresh scopes."""
+        self.module = parent.module
+        self.profile = False
+        self.kernel = parent.kernel
+        self.math = parent.math
+        self.buffers = parent.buffers
+        self.root = parent.root
+        self.function = function
+        function.linkage = "internal"
+        function.attributes.add("nounwind")
+        self.b = ir.IRBuilder(function.append_basic_block("entry"))
+        self.exit_block = function.append_basic_block("exit")
+        self.status_incoming = []
+        self.cleanups = []
+        self.workspace = None
+        self.env = [{}]
+        self.cache = [{}]
+        self.lane = None
+        self.varying_names = set()
+        self.outlined_count = 0
+
     # ---- function frame -----------------------------------------------------------------------
 
     def build(self) -> ir.Function:
         self._allocate_temporaries()
         counters = self._profile_counters() if self.profile else None
+        from .shared import SharedStatements
+
+        shared = SharedStatements(self)  # repeated statements: one function, many calls
         for position, stmt in enumerate(self.kernel.body):
             started = self._cycles() if counters is not None else None
-            self.stmt(stmt)
+            if not shared.emit(position):
+                self.stmt(stmt)
             if counters is not None:
                 slot = self.b.gep(counters, [ir.Constant(I64, 0), ir.Constant(I64, position)],
                                   source_etype=counters.value_type)

@@ -123,23 +123,8 @@ class OutlinedCodegen(C.KernelCodegen):
 
     def __init__(self, parent: C.KernelCodegen, name: str, names: list[str], captured,
                  threads: int):
-        self.module = parent.module
-        self.profile = False
-        self.kernel = parent.kernel
-        self.math = parent.math
-        self.buffers = parent.buffers
-        self.root = parent.root
-        self.function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), name)
-        self.function.linkage = "internal"
-        self.function.attributes.add("nounwind")
-        self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
-        self.exit_block = self.function.append_basic_block("exit")
-        self.status_incoming = []
-        self.cleanups = []
-        self.lane = None
-        self.varying_names = set()
-        self.cache = [{}]
-        self.outlined_count = 0
+        self._start_helper(parent, ir.Function(parent.module, ir.FunctionType(
+            ir.VoidType(), [PTR]), name))
         context = self.function.args[0]
         b = self.b
         self.pointers = {name: b.load(_slot(b, context, i), typ=PTR)
