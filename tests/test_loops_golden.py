@@ -4,7 +4,7 @@ after an intended change to the loop IR:
 
     for f in storylm0_forward storylm0_rollout storylm0_nll_step; do
       TILEGEN_NUM_THREADS=2 python -m tilegen.compile $f.kina --emit loops \
-        > tests/golden/$f.loops; done
+        | sed "s#$PWD/examples#<examples>#g" > tests/golden/$f.loops; done
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from tilegen.compile import main
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLES = ("storylm0_forward", "storylm0_rollout", "storylm0_nll_step")
 
 
@@ -27,4 +28,6 @@ def test_emit_loops_is_the_golden(example, monkeypatch):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main([f"{example}.kina", "--emit", "loops"]) == 0
-    assert out.getvalue() == (GOLDEN_DIR / f"{example}.loops").read_text()
+    # Source locations name the examples folder, which differs between clones.
+    printed = out.getvalue().replace(str(EXAMPLES_DIR), "<examples>")
+    assert printed == (GOLDEN_DIR / f"{example}.loops").read_text()
