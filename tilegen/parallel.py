@@ -1,7 +1,8 @@
 """Parallel regions: a loop's body outlined into `void fn(ptr context)` and run by libgomp.
 
 `emit_parallel` outlines the body, stores every visible scalar and the buffer pointers the
-body uses in a context block, and calls `GOMP_parallel`. Two things are decided at run time, not compile time:
+body uses in a context block, and calls `GOMP_parallel`. Two things are decided at run
+time, not compile time:
 
 - **How many threads.** Each kernel has a pointer `<symbol>.threads` that the runtime sets
   to its parallel state (`tilegen/forksafe.py`): `state[0]` caps the thread count and
