@@ -16,7 +16,7 @@ whole `encode`, tokenization included:
 The guard compares each provider's embeddings with sentence-transformers' (cosine >= 0.99999,
 max |difference| <= 1e-4 for every sentence). `B8 MiniLM compile one (B, T) shape` times
 compiling a shape the process has not seen (source to machine code, B = 8, T = 48; about
-0.8 s of CPU since repeated layer statements share one function, tilegen/shared.py). In
+0.75 s of CPU since repeated layer statements share one function, tilegen/shared.py). In
 the short mode (CI) the torch.compile and onnxruntime rows are skipped: their one-off
 compiles take tens of seconds.
 """
