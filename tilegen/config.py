@@ -9,6 +9,9 @@ TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlin
                      (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
+TILEGEN_FUSED_ATTENTION  auto (default): softmax(q k^T ...) @ v runs as one blocked
+                     online-softmax nest (tilegen/attention.py) when a head's score matrix
+                     has at least 64 x 64 elements; always: at any size; never: unfused
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -31,6 +34,7 @@ class Config:
     profile: bool
     autotune: bool
     stack_bytes: int = 1 << 20
+    fused_attention: str = "auto"
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
@@ -56,6 +60,13 @@ def _flag(name: str, default: bool) -> bool:
     return raw not in ("0", "false", "no", "off")
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip().lower() or choices[0]
+    if raw not in choices:
+        raise ValueError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
 def load() -> Config:
     """The configuration from the current environment (read at each compile, so tests and
     users can change it between compiles)."""
@@ -70,4 +81,6 @@ def load() -> Config:
                   stack_bytes=stack_budget(),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
-                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))
+                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),
+                  fused_attention=_choice("TILEGEN_FUSED_ATTENTION", ("auto", "always",
+                                                                      "never")))
