@@ -36,6 +36,18 @@ MASKS = {
     "padding": "s + broadcast(reshape((cast(keep, DT) - 1.0) * 1e9, [B, 1, 1, T]), [B, H, T, T])",
 }
 POSITIONAL = ("causal_where", "causal_additive", "causal_cast")
+KEYS, QUERIES = "iota(shape=[B, H, T, T], axis=3)", "iota(shape=[B, H, T, T], axis=2)"
+# (score expression, the causal offset the fused nest should find, torch's mask of j, i)
+SPELLINGS = [
+    (f"where(less({QUERIES}, {KEYS}), -1e9, s)", 0, lambda j, i: j > i),
+    (f"where(greater({KEYS}, {QUERIES} + 2), -1e9, s)", 2, lambda j, i: j > i + 2),
+    (f"where(greater_equal({KEYS}, {QUERIES} + 1), -1e9, s)", 0, lambda j, i: j >= i + 1),
+    # The diagonal masked too: row 0 has no key left, so nothing may be skipped.
+    (f"where(greater_equal({KEYS}, {QUERIES}), -1e9, s)", None, lambda j, i: j >= i),
+    # -1 is not a masking constant: every key counts, nothing is skipped.
+    (f"where(greater({KEYS}, {QUERIES}), -1.0, s)", None, None),
+    (f"where(greater({QUERIES}, {KEYS}), -1e9, s)", None, lambda j, i: i > j),
+]
 
 
 def attention_source(b: int, h: int, t: int, d: int, mask: str, dtype: str = "F64",
@@ -120,6 +132,7 @@ CASES = [(1, "causal_where", 24), (17, "causal_where", 33), (17, "padding", 24),
 def test_forward_matches_torch_sdpa(fused, t, mask, d):
     b, h = (2, 2) if t <= 257 else (1, 2)
     source = attention_source(b, h, t, d, mask)
+    assert any(isinstance(s, Attention) for s in _kernel(source).body)
     q, k, v, extra, torch_mask, causal = _inputs(b, h, t, d, mask, seed=t)
     got = compile_program(program_from_text(source)).attn(q, k, v, *extra)
     expected = _reference(q, k, v, torch_mask, causal, d)
@@ -147,6 +160,25 @@ def test_the_fused_nest_is_what_runs(fused, mask):
             assert buffer.size < t * t, format_kernel(kernel)
     assert (nest.causal == 0) == (mask in POSITIONAL)
     assert "attention out0" in format_kernel(kernel)
+
+
+@pytest.mark.parametrize(("expression", "offset", "masked"), SPELLINGS)
+def test_mask_spellings(fused, expression, offset, masked):
+    b, h, t, d = 1, 2, 150, 24
+    source = attention_source(b, h, t, d, "none").replace(
+        "softmax(s, axis=3)", f"softmax({expression}, axis=3)")
+    (nest,) = [s for s in _kernel(source).body if isinstance(s, Attention)]
+    assert nest.causal == offset
+    q, k, v, *_ = _inputs(b, h, t, d, "none", seed=7)
+    got = compile_program(program_from_text(source)).attn(q, k, v)
+    scores = torch.from_numpy(q) @ torch.from_numpy(k).transpose(2, 3) / math.sqrt(d)
+    j, i = torch.arange(t)[None, :], torch.arange(t)[:, None]
+    if masked is None:  # the -1.0 spelling
+        scores = torch.where(j > i, torch.tensor(-1.0, dtype=torch.float64), scores)
+    else:
+        scores = torch.where(masked(j, i), torch.tensor(-1e9, dtype=torch.float64), scores)
+    expected = (torch.softmax(scores, dim=3) @ torch.from_numpy(v)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
 
 
 def test_auto_fuses_long_attention_only(monkeypatch):

@@ -169,7 +169,7 @@ def _emit(ctx, match: _Match, out: str) -> L.Attention:
     score = x.at(batch + (i, j))
     causal, unmasked = positional_mask(score, i, j)
     q_name = _identity_buffer(ctx, q) or ctx.materialize(q, "attn_q").buffer
-    kt_name = _padded(ctx, kt, "attn_kt", (d, tk), (d, tk_padded))
+    kt_name = _key_blocks(ctx, kt, block_keys, tk_padded)
     v_name = _padded(ctx, v, "attn_v", (tk, dv), (tk_padded, dv_padded))
     work = 2 * tq * tk * (d + dv)
     for extent in extents:
@@ -187,6 +187,28 @@ def _identity_buffer(ctx, view) -> str | None:
     index = tuple(ctx.var(max(e, 1), "probe") for e in view.type.concrete_shape)
     return view.buffer if view.at(index) == L.Load(view.buffer, index, view.at(index).dtype) \
         else None
+
+
+def _key_blocks(ctx, kt, block_keys: int, tk_padded: int) -> str:
+    """kt [batch..., d, tk] stored block by block, [batch..., tk_padded / block_keys, d,
+    block_keys], zeros past tk: one key block's d x block_keys tile is contiguous. (Row
+    major [d, tk_padded] put a block's d rows a power of two apart at long T, all in one
+    L1 set.)"""
+    extents = kt.type.concrete_shape[:-2]
+    d, tk = kt.type.concrete_shape[-2:]
+    shape = extents + (tk_padded // block_keys, d, block_keys)
+    buffer = ctx.add_buffer("attn_kt", kt.type.with_shape(shape), "temp")
+    zero = L.Const(0.0, L.value_type(buffer.dtype))
+
+    def store(index):
+        block, row, column = index[-3:]
+        j = L.add(L.mul(block, L.const(block_keys)), column)
+        inside = L.binary("lt", j, L.const(tk))
+        clamped = L.binary("min", j, L.const(tk - 1))  # never read past kt
+        return [L.Store(buffer.name, index, L.Select(
+            inside, kt.at(index[:-3] + (row, clamped)), zero, zero.dtype))]
+    ctx.body.extend(ctx.loops(shape, store, hint="k"))
+    return buffer.name
 
 
 def _padded(ctx, view, hint: str, shape: tuple[int, int], padded: tuple[int, int]) -> str:

@@ -31,6 +31,7 @@ I64 = ir.IntType(64)
 PTR = ir.PointerType()
 ELEMENT = {L.F32: ir.FloatType(), L.F64: ir.DoubleType()}
 LANES = {L.F32: 16, L.F64: 8}
+COLUMN_TILES = 2  # value column tiles accumulated together (see _accumulate)
 
 
 def emit_attention(cg, att: L.Attention) -> None:
@@ -169,10 +170,12 @@ class _Emitter:
         rows, tiles, lanes = self.rows, self.key_tiles, self.lanes
         q_rows = [b.mul(b.add(b.mul(self.entry, _c(a.tq)), row), _c(a.d_extent))
                   for row in self.row_index]
-        kt_base = b.mul(self.entry, _c(a.d_extent * self.tk_padded))
+        # kt is stored by key blocks: block j0 / BK is the d x BK tile at j0 * d.
+        kt_base = b.add(b.mul(self.entry, _c(a.d_extent * self.tk_padded)),
+                        b.mul(j0, _c(a.d_extent)))
 
         def dot(d, sums):
-            k_row = b.add(kt_base, b.add(b.mul(d, _c(self.tk_padded)), j0))
+            k_row = b.add(kt_base, b.mul(d, _c(a.block_keys)))
             keys = [self._load_vector(self.kt, b.add(k_row, _c(c * lanes)))
                     for c in range(tiles)]
             updated = []
@@ -238,24 +241,31 @@ class _Emitter:
         return self.cg._splat(value, self.lanes)
 
     def _accumulate(self, j0, scales) -> None:
-        """acc[r] = scale[r] acc[r] + P[r] @ v[j0 : j0 + BK], one column tile at a time (R
-        accumulators and one row of v live)."""
+        """acc[r] = scale[r] acc[r] + P[r] @ v[j0 : j0 + BK], COLUMN_TILES column tiles at a
+        time: R x COLUMN_TILES independent FMA chains (enough to hide the FMA latency) and
+        that many vectors of one row of v live."""
         a, b, cg = self.a, self.b, self.cg
         dv_padded = self.dv_tiles * self.lanes
         v_base = b.mul(b.add(b.mul(self.entry, _c(self.tk_padded)), j0), _c(dv_padded))
-        for tile in range(self.dv_tiles):
-            slots = [self._pointer(self.accumulators, _c((r * self.dv_tiles + tile) *
-                                                         self.lanes))
-                     for r in range(self.rows)]
-            start = [b.fmul(b.load(slot, typ=self.vector, align=self.bytes), scales[r])
-                     for r, slot in enumerate(slots)]
+        for first in range(0, self.dv_tiles, COLUMN_TILES):
+            tiles = range(first, min(first + COLUMN_TILES, self.dv_tiles))
+            slots = [self._pointer(self.accumulators, _c((r * self.dv_tiles + t) * self.lanes))
+                     for r in range(self.rows) for t in tiles]
+            start = [b.fmul(b.load(slot, typ=self.vector, align=self.bytes),
+                            scales[n // len(tiles)]) for n, slot in enumerate(slots)]
 
-            def key(index, accs, tile=tile):
-                row = self._load_vector(self.v, b.add(v_base, b.add(
-                    b.mul(index, _c(dv_padded)), _c(tile * self.lanes))))
-                return [self._fma(self._splat(b.load(self._pointer(
-                    self.probabilities, b.add(index, _c(r * a.block_keys))),
-                    typ=self.element)), row, accs[r]) for r in range(self.rows)]
+            def key(index, accs, tiles=tiles):
+                row = b.add(v_base, b.mul(index, _c(dv_padded)))
+                values = [self._load_vector(self.v, b.add(row, _c(t * self.lanes)))
+                          for t in tiles]
+                updated = []
+                for r in range(self.rows):
+                    weight = self._splat(b.load(self._pointer(
+                        self.probabilities, b.add(index, _c(r * a.block_keys))),
+                        typ=self.element))
+                    updated += [self._fma(weight, value, accs[r * len(tiles) + n])
+                                for n, value in enumerate(values)]
+                return updated
             finished = cg._loop(0, a.block_keys, 1, start, key)
             for slot, value in zip(slots, finished, strict=True):
                 self._store_vector(value, slot)

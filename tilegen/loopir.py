@@ -229,11 +229,11 @@ class Attention(Stmt):
     """Fused attention (tilegen/attention.py): out[batch..., i, d] = sum over j < tk of
     softmax_j(score)[i, j] * v[batch..., j, d], where `score` is the element of the scores
     at (batch..., i, j) written in terms of `s`, the dot product of row i of `q` with
-    column j of `kt`. `q` is [batch..., tq, d_extent], `kt` [batch..., d_extent, tk padded]
-    and `v` [batch..., tk padded, dv padded] (zero padding, attention._padded). Blocked
-    with an online softmax; no tq x tk buffer. With `causal` = c, score is masked (its exp
-    is 0) wherever j > i + c: key blocks past that are skipped and only blocks crossing it
-    evaluate `score`, the rest `unmasked`."""
+    column j of `kt`. `q` is [batch..., tq, d_extent], `kt` [batch..., key blocks,
+    d_extent, block_keys] and `v` [batch..., tk padded, dv padded] (zero padding, see
+    attention._padded). Blocked with an online softmax; no tq x tk buffer. With `causal`
+    = c, score is masked (its exp is 0) wherever j > i + c: key blocks past that are
+    skipped and only blocks crossing it evaluate `score`, the rest `unmasked`."""
 
     out: str
     q: str
