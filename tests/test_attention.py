@@ -281,3 +281,33 @@ def test_peak_memory_does_not_grow_as_t_squared(mode, tmp_path):
     before, after = (int(x) for x in completed.stdout.split())
     grown_mb = (after - before) / 1024  # ru_maxrss is in KB on Linux
     assert grown_mb < 32, f"the call raised peak RSS by {grown_mb:.1f} MB"
+
+
+def test_a_deep_score_chain_stays_fused(fused):
+    # The mask is 46 ops deep, so the chain ops after the scores pass the fusion depth at
+    # which lowering stores a view; a stored score would leave the scores unbound.
+    mask = "m" + " + m" * 46
+    source = f"""
+    fn f(q: Tensor[F64, [2, 40, 8], @host], k: Tensor[F64, [2, 8, 40], @host],
+         v: Tensor[F64, [2, 40, 8], @host], m: Tensor[F64, [2, 40, 40], @host])
+        -> Tensor[F64, [2, 40, 8], @host] {{
+      return softmax((q @ k + ({mask}) * 0.01) * 1.0 * 1.0 * 1.0 * 1.0, axis=2) @ v;
+    }}
+    """
+    rng = np.random.default_rng(5)
+    q, k, v, m = (rng.standard_normal(s) for s in ((2, 40, 8), (2, 8, 40), (2, 40, 8),
+                                                   (2, 40, 40)))
+    got = compile_program(program_from_text(source)).f(q, k, v, m)
+    scores = torch.from_numpy(q @ k + 47 * m * 0.01)
+    np.testing.assert_allclose(got, (torch.softmax(scores, dim=2) @ torch.from_numpy(v)).numpy(),
+                               rtol=1e-10)
+
+
+@pytest.mark.parametrize("mask", ["causal_where", "padding", "causal_input"])
+def test_the_printed_nest_reads_back(fused, mask):
+    from tilegen.loopir_parse import parse_kernel
+
+    kernel = _kernel(attention_source(2, 2, 70, 33, mask))
+    text = format_kernel(kernel)
+    assert parse_kernel(text) == kernel
+    assert format_kernel(parse_kernel(text)) == text

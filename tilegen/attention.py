@@ -52,7 +52,6 @@ MASKED_AT_MOST = -1e6
 LANES = {L.F32: 16, L.F64: 8}
 BLOCK_ROWS = 4
 MAX_KEY_TILES = 4  # key block = up to this many vector tiles
-PARALLEL_WORK = 1 << 21
 
 
 @dataclass
@@ -60,6 +59,7 @@ class _Match:
     scores: str
     softmax: str
     out: str
+    chain: tuple[str, ...] = ()  # the values between scores and softmax
     views: dict = field(default_factory=dict)
 
 
@@ -79,7 +79,7 @@ def find_attention(function: Function, mode: str = "auto") -> list[_Match]:
     def single(value) -> bool:
         return uses.get(value.name, 0) == 1
 
-    def scores_matmul(value, depth=0) -> Operation | None:
+    def scores_matmul(value, chain: list, depth=0) -> Operation | None:
         op = defs.get(value.name)
         if op is None or not single(value) or depth > 32:
             return None
@@ -87,8 +87,9 @@ def find_attention(function: Function, mode: str = "auto") -> list[_Match]:
             return op
         for position in CHAIN_OPS.get(op.op, ()):
             if position < len(op.operands):
-                found = scores_matmul(op.operands[position], depth + 1)
+                found = scores_matmul(op.operands[position], chain, depth + 1)
                 if found is not None:
+                    chain.append(value.name)
                     return found
         return None
 
@@ -102,21 +103,31 @@ def find_attention(function: Function, mode: str = "auto") -> list[_Match]:
         if softmax is None or softmax.op != "softmax" or softmax.attr("axis") != rank - 1 \
                 or not single(probabilities):
             continue
-        scores = scores_matmul(softmax.operands[0])
-        if scores is None or scores.result.type.shape != probabilities.type.shape:
-            continue
+        chain: list[str] = []
+        scores = scores_matmul(softmax.operands[0], chain)
+        if scores is None or scores.result.type.shape != probabilities.type.shape or \
+                any(v.type.dtype != op.result.type.dtype for v in scores.operands + op.operands):
+            continue  # (a BF16 matmul's F32 result, say)
         tq, tk = probabilities.type.concrete_shape[-2:]
         if mode == "auto" and tq * tk < AUTO_MIN_SCORES:
             continue
-        matches.append(_Match(scores.result.name, softmax.result.name, op.result.name))
+        matches.append(_Match(scores.result.name, softmax.result.name, op.result.name,
+                              tuple(chain)))
     return matches
 
 
 def lowering_hooks(function: Function, options) -> dict:
     """Result name -> `rule(ctx, op, operand_views)` replacing the op's own lowering, for
-    the three ops of each pattern (tilegen/lower.py consults it)."""
+    the three ops of each pattern, and the op's own rule for the chain between them (all
+    names here are kept as views, never materialised: the scores are a variable only the
+    fused nest binds). tilegen/lower.py consults it."""
+    from kina_frontend.ops import REGISTRY
+
+    defs = {r.name: op for op in function.body for r in op.results}
     hooks = {}
     for match in find_attention(function, options.fused_attention):
+        for name in match.chain:
+            hooks[name] = REGISTRY[defs[name].op].lower
         hooks[match.scores] = _scores_rule(match)
         hooks[match.softmax] = _softmax_rule(match)
         hooks[match.out] = _out_rule(match)
@@ -174,7 +185,9 @@ def _emit(ctx, match: _Match, out: str) -> L.Attention:
     work = 2 * tq * tk * (d + dv)
     for extent in extents:
         work *= extent
-    threads = ctx.options.num_threads if work >= PARALLEL_WORK else 1
+    from .lower import GEMM_PARALLEL_WORK
+
+    threads = ctx.options.num_threads if work >= GEMM_PARALLEL_WORK else 1
     return L.Attention(out, q_name, kt_name, v_name, batch, extents, i, j, match.views["s"],
                        tq, tk, d, dv, score, unmasked, causal, dtype, BLOCK_ROWS, block_keys,
                        threads)

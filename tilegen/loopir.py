@@ -573,11 +573,11 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
     if isinstance(stmt, Attention):
         batch = "".join(f"{v}<{e}>, " for v, e in zip(stmt.batch, stmt.batch_extents,
                                                        strict=True))
-        causal = "" if stmt.causal is None else f" causal={stmt.causal}"
-        return [f"{pad}attention {stmt.out}[{batch}{stmt.i}<{stmt.tq}>, d<{stmt.dv}>] = "
-                f"softmax[{stmt.j} < {stmt.tk}]({stmt.score}) @ {stmt.v}",
-                f"{pad}  {stmt.s} = {stmt.q} . {stmt.kt} over {stmt.d_extent}; "
-                f"unmasked {stmt.unmasked}",
-                f"{pad}  blocks rows={stmt.block_rows} keys={stmt.block_keys}{causal} "
-                f"threads={stmt.threads} dtype={stmt.dtype}"]
+        causal = "none" if stmt.causal is None else stmt.causal
+        return [f"{pad}attention {stmt.out}[{batch}{stmt.i}<{stmt.tq}>, d<{stmt.dv}>], "
+                f"{stmt.s}: {stmt.s.dtype} = dot[{stmt.d_extent}]({stmt.q}, {stmt.kt})",
+                f"{pad}  = softmax[{stmt.j} < {stmt.tk}]({stmt.score}) @ {stmt.v}",
+                f"{pad}  unmasked {stmt.unmasked}",
+                f"{pad}  blocks rows={stmt.block_rows} keys={stmt.block_keys} causal={causal} "
+                f"threads={stmt.threads}"]
     raise TypeError(stmt)

@@ -262,7 +262,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
         else:
             operand_depth = max((views[v.name].depth for v in op.operands), default=0)
             produced.depth = max(produced.depth, operand_depth + 1)
-            if produced.depth > MAX_FUSION_DEPTH:
+            if produced.depth > MAX_FUSION_DEPTH and result.name not in fused:
                 produced = ctx.materialize(produced, result.name)
             elif uses.get(result.name, 0) > 1:
                 produced = ctx.reusable(produced, uses[result.name])
