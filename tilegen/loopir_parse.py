@@ -214,9 +214,8 @@ class _Parser:
         self.scopes.pop()
         return L.For(L.Var(name), extent, body, kind, width, threads)
 
-    def gemm(self) -> L.Gemm:
-        self.take("gemm")
-        out = self.take()
+    def named_extents(self) -> list[tuple[L.Var, int]]:
+        """`[b<2>, i<M>, j<N>]`: index variables with their extents."""
         self.take("[")
         named = []
         while True:
@@ -228,6 +227,12 @@ class _Parser:
                 break
             self.take(",")
         self.take("]")
+        return named
+
+    def gemm(self) -> L.Gemm:
+        self.take("gemm")
+        out = self.take()
+        named = self.named_extents()
         self.take("=")
         self.scopes.append({var.name: L.I64 for var, _ in named})
         product = self.expr()
@@ -254,17 +259,7 @@ class _Parser:
     def attention(self) -> L.Attention:
         self.take("attention")
         out = self.take()
-        self.take("[")
-        named = []
-        while True:
-            name = self.take()
-            self.take("<")
-            named.append((L.Var(name), self.integer()))
-            self.take(">")
-            if self.peek() == "]":
-                break
-            self.take(",")
-        self.take("]")
+        named = self.named_extents()
         self.take(",")
         scores = self.take()
         self.take(":")
