@@ -17,6 +17,8 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kina_frontend import program_from_text
 from tilegen import config
@@ -311,3 +313,42 @@ def test_the_printed_nest_reads_back(fused, mask):
     text = format_kernel(kernel)
     assert parse_kernel(text) == kernel
     assert format_kernel(parse_kernel(text)) == text
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.sampled_from([(), (3,), (2, 3)]), tq=st.integers(1, 90), tk=st.integers(1, 90),
+       d=st.integers(1, 40), dv=st.integers(1, 40), scale=st.sampled_from(["* 0.3", "/ 2.5", ""]),
+       mask=st.sampled_from(["none", "causal", "bias"]), data=st.data())
+def test_generated_attention_matches_torch(fused, batch, tq, tk, d, dv, scale, mask, data):
+    rank = len(batch) + 2
+
+    def ty(*dims):
+        return f"Tensor[F64, [{', '.join(str(x) for x in batch + dims)}], @host]"
+    perm = list(range(len(batch))) + [rank - 1, rank - 2]
+    score = f"(q @ transpose(k, {perm}) {scale})"
+    scores_shape = list(batch) + [tq, tk]
+    if mask == "causal":
+        score = (f"where(greater(iota(shape={scores_shape}, axis={rank - 1}), "
+                 f"iota(shape={scores_shape}, axis={rank - 2})), -1e9, {score})")
+    elif mask == "bias":
+        score = f"{score} + bias"
+    source = f"""
+    fn f(q: {ty(tq, d)}, k: {ty(tk, d)}, v: {ty(tk, dv)}, bias: {ty(tq, tk)}) -> {ty(tq, dv)} {{
+      return softmax({score}, axis={rank - 1}) @ v;
+    }}
+    """
+    assert any(isinstance(s, Attention) for s in _kernel(source, "f").body)
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    q, k, v, bias = (rng.standard_normal(batch + s) for s in ((tq, d), (tk, d), (tk, dv),
+                                                                (tq, tk)))
+    got = compile_program(program_from_text(source)).f(q, k, v, bias)
+    scores = torch.from_numpy(q) @ torch.from_numpy(k).transpose(-1, -2)
+    scores = {"* 0.3": scores * 0.3, "/ 2.5": scores / 2.5, "": scores}[scale]
+    if mask == "causal":
+        future = torch.arange(tk)[None, :] > torch.arange(tq)[:, None]
+        scores = torch.where(future, torch.tensor(-1e9, dtype=torch.float64), scores)
+    elif mask == "bias":
+        scores = scores + torch.from_numpy(bias)
+    expected = (torch.softmax(scores, dim=-1) @ torch.from_numpy(v)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
