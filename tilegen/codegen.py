@@ -412,6 +412,10 @@ class KernelCodegen:
             from .gemm import emit_gemm
 
             emit_gemm(self, stmt)
+        elif isinstance(stmt, L.Attention):
+            from .attention_codegen import emit_attention
+
+            emit_attention(self, stmt)
         elif isinstance(stmt, L.Let):
             value = self.expr(stmt.value)
             if value.vector:

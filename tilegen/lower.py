@@ -19,7 +19,7 @@ from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation
 from kina_frontend.types import DType, TensorType
 
-from . import config
+from . import attention, config
 from . import gemm as gemm_module
 from . import loopir as L
 from .affine import IndexSimplifier
@@ -240,9 +240,11 @@ def lower_function(function: Function, kernel_name: str | None = None,
         result_position.setdefault(value.name, position)
     output_buffers: dict[int, L.Buffer] = {}
     uses = _use_counts(function)
+    fused = attention.lowering_hooks(function, ctx.options)  # attention patterns' ops
     for op in function.body:
         ctx.current = op
-        rule = _lower_rule(op, ctx)
+        rule = fused.get(op.results[0].name) if len(op.results) == 1 else None
+        rule = rule or _lower_rule(op, ctx)
         produced = rule(ctx, op, [views[v.name] for v in op.operands])
         (result,) = op.results
         if result.type.dtype is DType.BF16 and isinstance(produced, View):
@@ -260,7 +262,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
         else:
             operand_depth = max((views[v.name].depth for v in op.operands), default=0)
             produced.depth = max(produced.depth, operand_depth + 1)
-            if produced.depth > MAX_FUSION_DEPTH:
+            if produced.depth > MAX_FUSION_DEPTH and result.name not in fused:
                 produced = ctx.materialize(produced, result.name)
             elif uses.get(result.name, 0) > 1:
                 produced = ctx.reusable(produced, uses[result.name])

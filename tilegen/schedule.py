@@ -142,7 +142,7 @@ def _schedule_stmt(stmt: L.Stmt, strides, in_vector: bool) -> L.Stmt:
         return replace(stmt, value=_schedule_expr(stmt.value, strides, in_vector))
     if isinstance(stmt, L.Store):
         return replace(stmt, value=_schedule_expr(stmt.value, strides, in_vector))
-    if isinstance(stmt, L.Gemm):
+    if isinstance(stmt, (L.Gemm, L.Attention)):
         return stmt
     raise TypeError(stmt)
 
