@@ -427,10 +427,23 @@ class _GemmEmitter:
 
     # ---- the micro-kernel ---------------------------------------------------------------------
 
+    def micro_kernel(self) -> ir.Function:
+        return micro_kernel_function(self.cg.module, self.g.dtype, self.tiles.mr,
+                                     self.tiles.nr, self.a_stride)
+
+    def micro_steps(self, kc):
+        """The micro-kernel's k-loop trip count for a depth block of kc."""
+        return kc
+
+    def b_panel_offset(self, jr, kc):
+        """Where the micro-panel of columns jr.. starts in the packed B block."""
+        return self.b.mul(jr, kc)
+
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                     col_end) -> None:
         t, g, b = self.tiles, self.g, self.b
-        kernel = micro_kernel_function(self.cg.module, g.dtype, t.mr, t.nr, self.a_stride)
+        kernel = self.micro_kernel()
+        steps = self.micro_steps(kc)
         out = self.cg.pointers[g.out]
         flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
         batch_offset = b.mul(flat_batch, self.const(g.m * g.n))
@@ -441,9 +454,11 @@ class _GemmEmitter:
 
             def block(ir_, carried):
                 row0 = b.add(ic, ir_)
-                c = self.gep(out, b.add(batch_offset, b.add(b.mul(row0, self.const(g.n)), col0)))
+                c = element_pointer(b, out, b.add(batch_offset, b.add(
+                    b.mul(row0, self.const(g.n)), col0)), self.element)
                 b.call(kernel, [self.gep(packed_a, b.mul(ir_, self.const(self.a_stride))),
-                                self.gep(packed_b, b.mul(jr, kc)), kc, c, self.const(g.n),
+                                self.gep(packed_b, self.b_panel_offset(jr, kc)), steps, c,
+                                self.const(g.n),
                                 b.sub(row_hi, row0), columns, first])
                 return carried
             self.cg._loop(self.const(0), mc, t.mr, [], block)

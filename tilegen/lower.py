@@ -19,7 +19,7 @@ from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation
 from kina_frontend.types import DType, TensorType
 
-from . import config
+from . import config, gemm_bf16
 from . import gemm as gemm_module
 from . import loopir as L
 from .affine import IndexSimplifier
@@ -185,19 +185,23 @@ class LowerContext:
         """Whether a @ b is big enough for packed panels to beat the fused `Reduce` form."""
         m, k = a.type.concrete_shape[-2:]
         n = b.type.concrete_shape[-1]
-        return a.type.dtype.value in gemm_module.LANES and m * n * k >= GEMM_MIN_WORK and \
-            n >= 8 and k >= 8
+        packed = a.type.dtype.value in gemm_module.LANES or a.type.dtype is DType.BF16
+        return packed and m * n * k >= GEMM_MIN_WORK and n >= 8 and k >= 8
 
     def gemm(self, out: str, a: View, b: View) -> L.Gemm:
         """A packed, register-blocked matrix multiply of a @ b writing `out`."""
         a_shape, b_shape = a.type.concrete_shape, b.type.concrete_shape
         m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
         dtype = a.type.dtype.value
+        if a.type.dtype is DType.BF16:
+            dtype = gemm_bf16.gemm_dtype(self.options)
         batch_extents = a_shape[:-2]
         batch = tuple(self.var(e, "b") for e in batch_extents)
         i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")
         threads = self.options.num_threads if 2 * m * n * k >= GEMM_PARALLEL_WORK else 1
-        if self.options.autotune:
+        if dtype == L.BF16_STORAGE:
+            tiles = gemm_bf16.bf16_tiles(m, n, k)
+        elif self.options.autotune:
             from . import autotune
 
             tiles = autotune.choose(dtype, batch_extents, m, n, k, threads,
