@@ -120,9 +120,10 @@ def test_mixed_program_f32_activations_and_weights_cast_to_bf16(dot, monkeypatch
     # result used by F32 ops.
     source = f"""
 fn f(x: {_ty((77, 96), 'F32')}, w: {_ty((96, 130))}, v: {_ty((130, 45), 'F32')},
-     bias: {_ty((77, 45), 'F32')}) -> {_ty((77, 45), 'F32')} {{
-  let h = tanh(matmul(cast(x, BF16), w));
-  return matmul(cast(h, BF16), cast(v, BF16)) + bias;
+     bias: {_ty((77, 45), 'F32')}) -> ({_ty((77, 45), 'F32')}, {_ty((77, 130), 'F32')}) {{
+  let first = matmul(cast(x, BF16), w);
+  let h = tanh(first);
+  return (matmul(cast(h, BF16), cast(v, BF16)) + bias, first);
 }}"""
     module = _compile(source, monkeypatch, dot)
     rng = np.random.default_rng(3)
@@ -130,7 +131,8 @@ fn f(x: {_ty((77, 96), 'F32')}, w: {_ty((96, 130))}, v: {_ty((130, 45), 'F32')},
     w = _bf16(rng, (96, 130))
     v = rng.standard_normal((130, 45)).astype(np.float32)
     bias = rng.standard_normal((77, 45)).astype(np.float32)
-    got = module.f(x, w, v, bias)
+    got, first = module.f(x, w, v, bias)
+    _check(first, x.astype(BF16), w)  # x rounded to nearest bf16, not used as it is
     h = np.tanh(x.astype(BF16).astype(np.float64) @ w.astype(np.float64))
     exact = h.astype(np.float32).astype(BF16).astype(np.float64) @ \
         v.astype(BF16).astype(np.float64) + bias
@@ -139,6 +141,14 @@ fn f(x: {_ty((77, 96), 'F32')}, w: {_ty((96, 130))}, v: {_ty((130, 45), 'F32')},
     bound = 2.0 ** -7 * np.abs(h) @ np.abs(v.astype(np.float64)) + 1e-5
     assert np.all(np.abs(got - exact) <= bound)
     assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"] * 2
+
+
+def test_cast_of_an_f32_parameter_to_bf16_rounds(monkeypatch):
+    # cast(x, BF16) of an F32 parameter is a plain load of x in f32; it must still round.
+    module = _compile(f"fn f(x: {_ty((100,), 'F32')}) -> {_ty((100,), 'F32')} "
+                      "{ return cast(cast(x, BF16), F32) * 1.0; }", monkeypatch, "0")
+    x = np.random.default_rng(4).standard_normal(100).astype(np.float32)
+    assert np.array_equal(module.f(x), x.astype(BF16).astype(np.float32))
 
 
 @pytest.mark.parametrize("dot", PATHS)

@@ -62,6 +62,7 @@ class LowerContext:
         self.options = options
         self.simplifier = IndexSimplifier()
         self.buffers: list[L.Buffer] = []
+        self.bf16_buffers: set[str] = set()
         self.body: list[L.Stmt] = []
         self.check_sites: list[L.CheckSite] = []
         # Ids read straight from a parameter are validated once, before anything else runs:
@@ -153,6 +154,8 @@ class LowerContext:
         # DType values ("f32", "bf16", "bool", ...) are the loop IR's buffer type names.
         buffer = L.Buffer(self.fresh_name(_sanitize(hint)), ttype.dtype.value,
                           ttype.concrete_shape, role)
+        if buffer.dtype == L.BF16_STORAGE:
+            self.bf16_buffers.add(buffer.name)
         self.buffers.append(buffer)
         return buffer
 
@@ -250,7 +253,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
         produced = rule(ctx, op, [views[v.name] for v in op.operands])
         (result,) = op.results
         if result.type.dtype is DType.BF16 and isinstance(produced, View):
-            produced = _rounded_to_bf16(produced)
+            produced = _rounded_to_bf16(produced, ctx.bf16_buffers)
         position = result_position.get(result.name)
         if position is not None:
             buffer = ctx.add_buffer(f"out{position}", result.type, "output")
@@ -280,14 +283,15 @@ def lower_function(function: Function, kernel_name: str | None = None,
                     tuple(inputs), tuple(outputs), tuple(ctx.check_sites))
 
 
-def _rounded_to_bf16(view: View) -> View:
+def _rounded_to_bf16(view: View, bf16_buffers: set[str]) -> View:
     """A BF16 result computed in f32 rounds to bf16 at the op, as the reference does (loads
-    from bf16 buffers and values already rounded are left alone)."""
+    from bf16 buffers and values already rounded are left alone; a load from an f32
+    buffer, `cast(x, BF16)` of an F32 parameter, is rounded)."""
     at = view.at
 
     def rounded(index):
         value = at(index)
-        if isinstance(value, L.Load):
+        if isinstance(value, L.Load) and value.buffer in bf16_buffers:
             return value
         return L.round_bf16(value)
     return View(view.type, rounded, view.buffer, view.param, view.depth)
