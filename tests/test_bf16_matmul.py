@@ -115,6 +115,18 @@ fn f(q: {_ty((2, 3, 70, 41))}, k: {_ty((2, 3, 90, 41))}, x: {_ty((5, 67, 39))},
 
 
 @pytest.mark.parametrize("dot", PATHS)
+@pytest.mark.parametrize("m,k,n", [(50, 1025, 70), (333, 1000, 777), (20, 17, 300)])
+def test_weight_stored_out_by_in(m, k, n, dot, monkeypatch):
+    # x @ transpose(w) with w [N, K] (torch's Linear layout): B is read along k.
+    module = _compile(f"fn f(a: {_ty((m, k))}, w: {_ty((n, k))}) -> {_ty((m, n), 'F32')} "
+                      "{ return matmul(a, transpose(w, [1, 0])); }", monkeypatch, dot)
+    rng = np.random.default_rng(k)
+    a, w = _bf16(rng, (m, k)), _bf16(rng, (n, k))
+    _check(module.f(a, w), a, w.T)
+    assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"]
+
+
+@pytest.mark.parametrize("dot", PATHS)
 def test_mixed_program_f32_activations_and_weights_cast_to_bf16(dot, monkeypatch):
     # BF16 weights, F32 activations cast to BF16, an F32 weight cast to BF16, and the F32
     # result used by F32 ops.

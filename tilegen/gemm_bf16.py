@@ -128,10 +128,11 @@ class Bf16DotEmitter(_GemmEmitter):
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
         """Bp[(jr / nr) * depth * nr + p * 2 nr + 2 j + h] = B[pc + 2p + h, jc + jr + j]
         (0 past N and past kc): two depths per column, as dpbf16ps pairs them."""
+        if self._read_across(self.g.b_elem, self.g.j, self.g.k):
+            self.pack_b_pairs_transposed(packed, jc, nc, pc, kc)
+            return
         g, nr, b = self.g, self.tiles.nr, self.b
         depth = self.panel_depth(kc)
-        interleave = ir.Constant(ir.VectorType(I32, 2 * LANES),
-                                 [lane // 2 + (lane % 2) * LANES for lane in range(2 * LANES)])
         last = self.const(g.k_extent - 1)
 
         def panel(jr, carried):
@@ -148,12 +149,57 @@ class Bf16DotEmitter(_GemmEmitter):
                     even = self._tile_value(g.b_elem, g.j, first, mask, [(g.k, k0)])
                     odd_mask = b.and_(mask, self.cg._splat(inside, LANES))
                     odd = self._tile_value(g.b_elem, g.j, first, odd_mask, [(g.k, k1)])
-                    pairs = b.shuffle_vector(self.bits(even), self.bits(odd), interleave)
+                    pairs = self.interleave(even, odd)
                     offset = b.add(b.add(b.mul(jr, depth), b.mul(p, self.const(2 * nr))),
                                    self.const(part * 2 * LANES))
                     b.store(pairs, self.gep(packed, offset), align=2)
                 return carried
             self.cg._loop(self.const(0), b.ashr(depth, self.const(1)), 1, [], pair)
+            return carried
+        self.cg._loop(self.const(0), nc, nr, [], panel)
+
+    def interleave(self, even, odd):
+        """Two f32 vectors of bf16 values as one vector of 16 (even, odd) bf16 pairs."""
+        lanes = [lane // 2 + (lane % 2) * LANES for lane in range(2 * LANES)]
+        return self.b.shuffle_vector(self.bits(even), self.bits(odd),
+                                     ir.Constant(ir.VectorType(I32, 2 * LANES), lanes))
+
+    def pack_b_pairs_transposed(self, packed, jc, nc, pc, kc) -> None:
+        """pack_b for a B read along k (`x @ transpose(w)`): 16 columns x 16 depths at a
+        time, each column loaded as one vector along k and the block transposed in
+        registers (as gemm.py's pack_b_transposed), then the depth rows paired."""
+        g, nr, b = self.g, self.tiles.nr, self.b
+        depth = self.panel_depth(kc)
+        whole = b.and_(kc, self.const(-LANES))  # depths in full chunks of 16
+
+        def chunk(jr, k, partial: bool):
+            depth_mask = self.lane_mask(k, kc)  # depths past kc load as zeros
+            for part in range(self.vectors_per_row):
+                def column(r, part=part):
+                    index = b.add(b.add(jc, jr), self.const(part * LANES + r))
+                    return index, b.icmp_signed("<", index, self.const(g.n))
+                rows = self._transposed_block(g.b_elem, g.k, b.add(pc, k), depth_mask, g.j,
+                                              column)
+                pairs = [self.interleave(rows[2 * p], rows[2 * p + 1])
+                         for p in range(LANES // 2)]
+                first_pair = b.ashr(k, self.const(1))
+                for p, value in enumerate(pairs):
+                    pair = b.add(first_pair, self.const(p))
+                    pointer = self.gep(packed, b.add(b.add(
+                        b.mul(jr, depth), b.mul(pair, self.const(2 * nr))),
+                        self.const(part * 2 * LANES)))
+                    if partial:  # only the pairs the panel holds
+                        inside = b.icmp_signed("<", b.shl(pair, self.const(1)), kc)
+                        with b.if_then(inside):
+                            b.store(value, pointer, align=2)
+                    else:
+                        b.store(value, pointer, align=2)
+
+        def panel(jr, carried):
+            self.cg._loop(self.const(0), whole, LANES, [],
+                          lambda k, carried: chunk(jr, k, False) or carried)
+            with b.if_then(b.icmp_signed("<", whole, kc)):
+                chunk(jr, whole, True)
             return carried
         self.cg._loop(self.const(0), nc, nr, [], panel)
 
