@@ -224,3 +224,17 @@ def test_odd_depth_padding_meets_infinities_as_zeros(k, dot, monkeypatch):
     keep = np.ones(n, bool)
     keep[::3] = False
     _check(got[:, keep], a, b[:, keep])
+
+
+def test_the_docs_bf16_sample_runs():
+    from pathlib import Path
+
+    from tests.markdown import fenced_blocks
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "kina.md"
+    (sample,) = [b for b in fenced_blocks(doc, "kina") if "fn dense" in b]
+    module = compile_program(program_from_text(sample))
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((128, 384)).astype(np.float32)
+    w = _bf16(rng, (384, 1536))
+    _check(module.dense(x, w), x.astype(BF16), w)
