@@ -25,7 +25,7 @@ LIBRARIES = ("tilegen", "llvmlite", "numpy", "torch", "jax", "jaxlib", "numba",
 # Environment knobs that change what the peers or tilegen run.
 ENV_KNOBS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TILEGEN_NUM_THREADS", "TILEGEN_CACHE_DIR",
-             "TILEGEN_AUTOTUNE", "XLA_FLAGS")
+             "TILEGEN_AUTOTUNE", "TILEGEN_BF16_DOT", "XLA_FLAGS")
 
 
 # The machine's load when the suite was collected: the cores may be shared (other jobs skew

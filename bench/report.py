@@ -37,8 +37,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Row order within a group (bench.common.PROVIDERS, repeated here so this script stands alone).
-PROVIDER_ORDER = ("tilegen", "tilegen-1t", "tilegen-attribute", "numpy", "numpy-1t", "torch",
-                  "torch-1t", "torch-sdpa", "torch.compile", "jax", "jax-fori", "numba",
+PROVIDER_ORDER = ("tilegen", "tilegen-1t", "tilegen-attribute", "tilegen-bf16",
+                  "tilegen-bf16-dot", "numpy", "numpy-1t", "torch", "torch-1t", "torch-bf16",
+                  "torch-sdpa", "torch.compile", "jax", "jax-fori", "numba",
                   "sentence-transformers", "onnxruntime", "tilegen-cold",
                   "tilegen-same-process", "torch.compile-cold", "jax-cold", "numba-cold")
 BASELINES = ("tilegen", "tilegen-cold")  # whose time the speed-ups divide by
@@ -130,14 +131,15 @@ def speedup(results: dict[str, Result], peer: str) -> float | None:
 
 @dataclass(frozen=True)
 class RatioTarget:
-    """tilegen at least `at_least` times as fast as `peer` on `group` (strictly faster when
-    `strict`)."""
+    """tilegen (or the provider `ours`) at least `at_least` times as fast as `peer` on
+    `group` (strictly faster when `strict`)."""
 
     work: str
     group: str
     peer: str
     at_least: float
     strict: bool = False
+    ours: str | None = None
 
     @property
     def wording(self) -> str:
@@ -146,7 +148,13 @@ class RatioTarget:
         return f"≥ {self.at_least:g}× {self.peer}"
 
     def evaluate(self, groups) -> tuple[str, str]:
-        ratio = speedup(groups.get(self.group, {}), self.peer)
+        results = groups.get(self.group, {})
+        if self.ours is not None:
+            ours = results.get(self.ours)
+            ratio = results[self.peer].median / ours.median \
+                if ours is not None and self.peer in results and ours.median > 0 else None
+        else:
+            ratio = speedup(results, self.peer)
         if ratio is None:
             return "not measured", "not measured"
         met = ratio > self.at_least if self.strict else ratio >= self.at_least
@@ -212,6 +220,15 @@ TARGETS = (
     # Issue 16: fused causal attention (B9), at least torch's fused SDPA from T = 1024.
     *(RatioTarget(f"causal attention T = {t} (B9)", f"B9 causal attention [1, 8, {t}, 64]",
                   "torch-sdpa", 1) for t in (1024, 2048, 4096)),
+    # Issue 16, BF16 (B9): tilegen's BF16 against its own fp32 kernel and torch bf16.
+    *(RatioTarget(f"BF16 matmul {label} (B9)", f"B9 BF16 matmul {group}", peer, at_least,
+                  ours="tilegen-bf16")
+      for label, group in (("1024³", "1024^3"), ("2048³", "2048^3"),
+                           ("333×1000×777", "333x1000x777"))
+      for peer, at_least in (("tilegen", 1.6), ("torch-bf16", 1))),
+    RatioTarget("MiniLM encode 32 × 128 tokens, BF16 weights vs F32 (B9)",
+                "B9 MiniLM BF16 weights, encode 32 x 128 tokens", "tilegen", 1.3,
+                ours="tilegen-bf16"),
 )
 
 # The peers' figures issue 8 quotes for this machine: (group, provider) -> (value, kind),

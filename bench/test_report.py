@@ -43,6 +43,9 @@ def _run():
             _bench(report.B8_LONG, "onnxruntime", 0.12, units=32, unit="sentence"),
             _bench(report.B8_LONG, "sentence-transformers", 0.14, units=32, unit="sentence"),
             _bench(report.B8_COMPILE, "tilegen", 1.5),
+            _bench("B9 BF16 matmul 1024^3", "tilegen-bf16", 0.01, flops=2 * 1024 ** 3),
+            _bench("B9 BF16 matmul 1024^3", "tilegen", 0.02, flops=2 * 1024 ** 3),
+            _bench("B9 BF16 matmul 1024^3", "torch-bf16", 0.005, flops=2 * 1024 ** 3),
         ]}
 
 
@@ -56,6 +59,10 @@ def test_verdicts_come_from_the_measured_ratios():
         ("1.00×", "missed")
     assert verdicts[("fp32 matmul 1024³, all cores", "≥ 0.9× numpy")] == ("0.50×", "missed")
     assert verdicts[("row softmax [4096, 1024]", "≥ 1× torch")][1] == "not measured"
+    # B9's BF16 rows divide by tilegen-bf16's time, not by tilegen's (the fp32 kernel)
+    assert verdicts[("BF16 matmul 1024³ (B9)", "≥ 1.6× tilegen")] == ("2.00×", "met")
+    assert verdicts[("BF16 matmul 1024³ (B9)", "≥ 1× torch-bf16")] == ("0.50×", "missed")
+    assert verdicts[("BF16 matmul 2048³ (B9)", "≥ 1.6× tilegen")][1] == "not measured"
     assert verdicts[("compile storylm0_forward.kina, cold process", "≤ 150 ms")] == \
         ("100 ms", "met")
     assert verdicts[("compile storylm0_forward.kina, warm (same process)", "≤ 10 ms")] == \

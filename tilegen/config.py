@@ -7,6 +7,9 @@ TILEGEN_AUTOTUNE     1: time matmul tile candidates once per shape and keep the 
                      (default 0: the deterministic default tiles, no timing at compile)
 TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlined
                      (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
+TILEGEN_BF16_DOT     products of BF16 operands on `vdpbf16ps`: 1 wherever the CPU has
+                     AVX512-BF16, 0 never (widened to f32 on the f32 matmul kernel), unset
+                     or `auto`: where it is faster than the f32 kernel (tilegen/gemm_bf16.py)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
 TILEGEN_GOMP_SPINCOUNT  how long libgomp's idle workers spin before they sleep, given to
@@ -44,6 +47,7 @@ class Config:
     autotune: bool
     stack_bytes: int = 1 << 20
     fused_attention: str = "auto"
+    bf16_dot: bool | None = None  # None: auto
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
@@ -76,6 +80,11 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ValueError(f"{name}={raw!r} must be one of {', '.join(choices)}")
     return raw
+def _tristate(name: str) -> bool | None:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    return _flag(name, True)
 
 
 def load() -> Config:
@@ -90,6 +99,7 @@ def load() -> Config:
                   profile=_flag("TILEGEN_PROFILE", False),
                   autotune=_flag("TILEGEN_AUTOTUNE", False),
                   stack_bytes=stack_budget(),
+                  bf16_dot=_tristate("TILEGEN_BF16_DOT"),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
                   max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),

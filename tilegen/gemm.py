@@ -95,7 +95,7 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
                 extent_value = ir.Constant(I64, extent)
                 child.env[-1][var.name] = _val(b.srem(remainder, extent_value))
                 remainder = b.sdiv(remainder, extent_value)
-            _GemmEmitter(child, gemm).rows(b.mul(start, ir.Constant(I64, mr)),
+            _emitter(child, gemm).rows(b.mul(start, ir.Constant(I64, mr)),
                                            _row_end(child, stop, mr, gemm.m))
             child._pop()
             return carried
@@ -110,12 +110,12 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
 
     def column_body(child, lo, hi):
         b = child.b
-        _GemmEmitter(child, gemm).rows(
+        _emitter(child, gemm).rows(
             ir.Constant(I64, 0), ir.Constant(I64, gemm.m), b.mul(lo, ir.Constant(I64, nr)),
             _smin(b, b.mul(hi, ir.Constant(I64, nr)), ir.Constant(I64, gemm.n)))
 
     def row_body(child, lo, hi):
-        _GemmEmitter(child, gemm).rows(child.b.mul(lo, ir.Constant(I64, mr)),
+        _emitter(child, gemm).rows(child.b.mul(lo, ir.Constant(I64, mr)),
                                        _row_end(child, hi, mr, gemm.m))
 
     # The batch indices reach the threads through the captured environment.
@@ -129,8 +129,16 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
     elif gemm.threads > 1 and row_units >= 2:
         cg.parallel(row_units, gemm.threads, row_body)
     else:
-        _GemmEmitter(cg, gemm).rows(ir.Constant(I64, 0), ir.Constant(I64, gemm.m))
+        _emitter(cg, gemm).rows(ir.Constant(I64, 0), ir.Constant(I64, gemm.m))
     cg._pop()
+
+
+def _emitter(cg, gemm: L.Gemm) -> _GemmEmitter:
+    if gemm.dtype == L.BF16_STORAGE:  # bf16 operands on the vdpbf16ps micro-kernel
+        from .gemm_bf16 import Bf16DotEmitter
+
+        return Bf16DotEmitter(cg, gemm)
+    return _GemmEmitter(cg, gemm)
 
 
 def _val(value):
@@ -182,6 +190,9 @@ class _GemmEmitter:
         self.lanes = LANES[gemm.dtype]
         self.element = ELEMENT[gemm.dtype]
         self.vector = ir.VectorType(self.element, self.lanes)
+        # What the packed panels hold (the bf16 emitter packs 16-bit elements).
+        self.packed_element = self.element
+        self.packed_bytes = BYTES[gemm.dtype]
         self.tiles = gemm.tiles
         self.vectors_per_row = gemm.tiles.nr // self.lanes
         # Ap's row stride: kc rounded up to whole vectors, so packing stores full vectors
@@ -194,9 +205,17 @@ class _GemmEmitter:
         return ir.Constant(I64, value)
 
     def gep(self, base, offset):
-        pointer = self.b.gep(base, [offset], source_etype=self.element)
+        """An element of a packed panel."""
+        pointer = self.b.gep(base, [offset], source_etype=self.packed_element)
         pointer.type = PTR
         return pointer
+
+    def store_packed(self, value, pointer) -> None:
+        """Store a vector of packed elements computed as `self.vector`."""
+        self.b.store(value, pointer, align=self.packed_bytes)
+
+    def b_panel_elements(self) -> int:
+        return self.tiles.kc * self.tiles.nc
 
     def lane_mask(self, first, limit):
         """Lanes first + 0..lanes-1 that are < limit (runtime values)."""
@@ -208,7 +227,7 @@ class _GemmEmitter:
         """This thread's block for the packed panels, cached between calls in one slot per
         thread (`KernelCodegen.acquire_block`); returned to it when `rows` ends, freed by any
         error exit taken while it is live (`cg.cleanups`). Returns (block, slot)."""
-        nbytes = count * BYTES[self.g.dtype] + 128
+        nbytes = count * self.packed_bytes + 128
         threads = max(1, self.g.threads)
         first = self.cg.new_block_slots(threads)
         thread = self.const(0)
@@ -236,11 +255,11 @@ class _GemmEmitter:
         if t.nc % t.nr or t.mc % t.mr:
             raise ValueError(f"gemm tiles {t}: nc must be a multiple of nr and mc of mr")
         a_size = t.mc * self.a_stride
-        block, slot = self.scratch(a_size + t.kc * t.nc)
+        block, slot = self.scratch(a_size + self.b_panel_elements())
         packed_a = block
         # B's panel starts on a 64-byte boundary after A's.
-        packed_b = self.gep(block, self.const(-(-a_size * BYTES[g.dtype] // 64) * 64
-                                              // BYTES[g.dtype]))
+        packed_b = self.gep(block, self.const(-(-a_size * self.packed_bytes // 64) * 64
+                                              // self.packed_bytes))
 
         def column_block(jc, carried):
             nc = _smin(self.b, self.const(t.nc), self.b.sub(col_end, jc))
@@ -306,7 +325,7 @@ class _GemmEmitter:
                     offset = self.b.add(self.b.add(self.b.mul(jr, kc),
                                                    self.b.mul(k, self.const(nr))),
                                         self.const(part * self.lanes))
-                    self.b.store(value, self.gep(packed, offset), align=BYTES[g.dtype])
+                    self.store_packed(value, self.gep(packed, offset))
                 return carried
             self.cg._loop(self.const(0), kc, 1, [], depth)
             return carried
@@ -331,9 +350,9 @@ class _GemmEmitter:
             pointer = self.gep(packed, offset_of(t))
             if partial:
                 with b.if_then(b.icmp_signed("<", b.add(first, self.const(t)), limit)):
-                    b.store(row, pointer, align=BYTES[self.g.dtype])
+                    self.store_packed(row, pointer)
             else:
-                b.store(row, pointer, align=BYTES[self.g.dtype])
+                self.store_packed(row, pointer)
 
     def pack_b_transposed(self, packed, jc, nc, pc, kc) -> None:
         """pack_b for a B read along k: `lanes` columns x `lanes` depths at a time, each
@@ -374,7 +393,7 @@ class _GemmEmitter:
                 value = self._tile_value(g.a_elem, g.k, self.b.add(pc, k), mask,
                                          [(g.i, self.b.add(ic, r))])
                 offset = self.b.add(self.b.mul(r, self.const(stride)), k)
-                self.b.store(value, self.gep(packed, offset), align=BYTES[g.dtype])
+                self.store_packed(value, self.gep(packed, offset))
                 return carried
             self.cg._loop(self.const(0), kc, self.lanes, [], depth)
             return carried
@@ -408,10 +427,23 @@ class _GemmEmitter:
 
     # ---- the micro-kernel ---------------------------------------------------------------------
 
+    def micro_kernel(self) -> ir.Function:
+        return micro_kernel_function(self.cg.module, self.g.dtype, self.tiles.mr,
+                                     self.tiles.nr, self.a_stride)
+
+    def micro_steps(self, kc):
+        """The micro-kernel's k-loop trip count for a depth block of kc."""
+        return kc
+
+    def b_panel_offset(self, jr, kc):
+        """Where the micro-panel of columns jr.. starts in the packed B block."""
+        return self.b.mul(jr, kc)
+
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                     col_end) -> None:
         t, g, b = self.tiles, self.g, self.b
-        kernel = micro_kernel_function(self.cg.module, g.dtype, t.mr, t.nr, self.a_stride)
+        kernel = self.micro_kernel()
+        steps = self.micro_steps(kc)
         out = self.cg.pointers[g.out]
         flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
         batch_offset = b.mul(flat_batch, self.const(g.m * g.n))
@@ -422,9 +454,11 @@ class _GemmEmitter:
 
             def block(ir_, carried):
                 row0 = b.add(ic, ir_)
-                c = self.gep(out, b.add(batch_offset, b.add(b.mul(row0, self.const(g.n)), col0)))
+                c = element_pointer(b, out, b.add(batch_offset, b.add(
+                    b.mul(row0, self.const(g.n)), col0)), self.element)
                 b.call(kernel, [self.gep(packed_a, b.mul(ir_, self.const(self.a_stride))),
-                                self.gep(packed_b, b.mul(jr, kc)), kc, c, self.const(g.n),
+                                self.gep(packed_b, self.b_panel_offset(jr, kc)), steps, c,
+                                self.const(g.n),
                                 b.sub(row_hi, row0), columns, first])
                 return carried
             self.cg._loop(self.const(0), mc, t.mr, [], block)
@@ -446,6 +480,52 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
     lanes, element = LANES[dtype], ELEMENT[dtype]
     vector = ir.VectorType(element, lanes)
     parts = nr // lanes
+    suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
+    fma = declare_intrinsic(module, f"llvm.fma.{suffix}", vector, [vector] * 3)
+
+    def step(b, a, bp, k, accumulators):
+        b_row = element_pointer(b, bp, b.mul(k, ir.Constant(I64, nr)), element)
+        columns = [b.load(element_pointer(b, b_row, ir.Constant(I64, part * lanes), element),
+                          typ=vector, align=BYTES[dtype]) for part in range(parts)]
+        updated = []
+        for r in range(mr):
+            scalar = b.load(element_pointer(b, a, b.add(k, ir.Constant(I64, r * a_stride)),
+                                            element), typ=element)
+            broadcast = splat(b, scalar, lanes)
+            for part in range(parts):
+                updated.append(b.call(fma, [broadcast, columns[part],
+                                            accumulators[r * parts + part]]))
+        return updated
+    return micro_kernel_shell(module, name, dtype, mr, parts, step)
+
+
+def element_pointer(b: ir.IRBuilder, base, offset, element: ir.Type):
+    pointer = b.gep(base, [offset], source_etype=element)
+    pointer.type = PTR
+    return pointer
+
+
+def declare_intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
+    found = module.globals.get(name)
+    return found if found is not None else ir.Function(module, ir.FunctionType(ret, args), name)
+
+
+def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
+    i32 = ir.IntType(32)
+    ty = ir.VectorType(value.type, lanes)
+    inserted = b.insert_element(ir.Constant(ty, None), value, ir.Constant(i32, 0))
+    return b.shuffle_vector(inserted, ir.Constant(ty, None),
+                            ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+
+
+def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts: int,
+                       step) -> ir.Function:
+    """The micro-kernel around `step(builder, a, b, k, accumulators) -> updated`, one step
+    of its k loop over the mr x parts accumulator vectors of `dtype`: the function
+    (signature as in micro_kernel_function, kc counting steps), the loop with the
+    accumulators carried as phis, and the masked store of the block into C."""
+    lanes, element = LANES[dtype], ELEMENT[dtype]
+    vector = ir.VectorType(element, lanes)
     i32 = ir.IntType(32)
     fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1])
     function = ir.Function(module, fnty, name)
@@ -460,28 +540,12 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
     def const(value):
         return ir.Constant(I64, value)
 
-    def gep(base, offset):
-        pointer = b.gep(base, [offset], source_etype=element)
-        pointer.type = PTR
-        return pointer
-
-    def declare(full, ret, args):
-        found = module.globals.get(full)
-        return found if found is not None else ir.Function(module, ir.FunctionType(ret, args),
-                                                           full)
-
-    def splat(value, ty):
-        inserted = b.insert_element(ir.Constant(ir.VectorType(ty, lanes), None), value,
-                                    ir.Constant(i32, 0))
-        return b.shuffle_vector(inserted, ir.Constant(ir.VectorType(ty, lanes), None),
-                                ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
-
     suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
-    fma = declare(f"llvm.fma.{suffix}", vector, [vector] * 3)
     mask_type = ir.VectorType(I1, lanes)
-    masked_load = declare(f"llvm.masked.load.{suffix}.p0", vector, [PTR, i32, mask_type, vector])
-    masked_store = declare(f"llvm.masked.store.{suffix}.p0", ir.VoidType(),
-                           [vector, PTR, i32, mask_type])
+    masked_load = declare_intrinsic(module, f"llvm.masked.load.{suffix}.p0", vector,
+                                    [PTR, i32, mask_type, vector])
+    masked_store = declare_intrinsic(module, f"llvm.masked.store.{suffix}.p0", ir.VoidType(),
+                                     [vector, PTR, i32, mask_type])
 
     # The k loop, accumulators carried as phis.
     entry = b.block
@@ -497,15 +561,7 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
         phi = b.phi(vector)
         phi.add_incoming(zero, entry)
         accumulators.append(phi)
-    b_row = gep(bp, b.mul(k, const(nr)))
-    columns = [b.load(gep(b_row, const(part * lanes)), typ=vector, align=BYTES[dtype])
-               for part in range(parts)]
-    updated = []
-    for r in range(mr):
-        broadcast = splat(b.load(gep(a, b.add(k, const(r * a_stride))), typ=element), element)
-        for part in range(parts):
-            updated.append(b.call(fma, [broadcast, columns[part],
-                                        accumulators[r * parts + part]]))
+    updated = step(b, a, bp, k, accumulators)
     following = b.add(k, const(1), flags=("nsw",))
     latch = b.block
     k.add_incoming(following, latch)
@@ -522,14 +578,14 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
         merged.add_incoming(value, latch)
         finals.append(merged)
     steps = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
-    masks = [b.icmp_signed("<", b.add(splat(const(part * lanes), I64), steps),
-                           splat(cols, I64)) for part in range(parts)]
+    masks = [b.icmp_signed("<", b.add(splat(b, const(part * lanes), lanes), steps),
+                           splat(b, cols, lanes)) for part in range(parts)]
     align = ir.Constant(i32, BYTES[dtype])
     for r in range(mr):
         with b.if_then(b.icmp_signed("<", const(r), rows)):
-            row = gep(c, b.mul(const(r), ldc))
+            row = element_pointer(b, c, b.mul(const(r), ldc), element)
             for part in range(parts):
-                pointer = gep(row, const(part * lanes))
+                pointer = element_pointer(b, row, const(part * lanes), element)
                 value = finals[r * parts + part]
                 previous = b.call(masked_load, [pointer, align, masks[part], zero])
                 total = b.select(first, value, b.fadd(previous, value))

@@ -175,6 +175,10 @@ class _Verifier:
             if self.depth:
                 raise self.fail("a gemm runs only as a top-level statement of its kernel")
             self.gemm(stmt)
+        elif isinstance(stmt, L.Attention):
+            if self.depth:
+                raise self.fail("attention runs only as a top-level statement of its kernel")
+            self.attention(stmt)
         else:
             raise self.fail(f"unknown statement {type(stmt).__name__}")
 
@@ -222,7 +226,12 @@ class _Verifier:
         if out.shape != shape:
             raise self.fail(f"gemm writes {list(shape)} into {out.name!r} of shape "
                             f"{list(out.shape)}")
-        if gemm.dtype != L.value_type(out.dtype) or gemm.dtype not in L.FLOAT_TYPES:
+        # A bf16 gemm multiplies bf16 operands (f32 values that are exactly bf16) into f32.
+        product = L.value_type(gemm.dtype)
+        if gemm.dtype == L.BF16_STORAGE:
+            if out.dtype != L.F32:
+                raise self.fail(f"bf16 gemm into {out.name!r} ({out.dtype}, not f32)")
+        elif gemm.dtype != L.value_type(out.dtype) or gemm.dtype not in L.FLOAT_TYPES:
             raise self.fail(f"gemm of {gemm.dtype} into {out.name!r} ({out.dtype})")
         if gemm.threads < 1 or min(gemm.tiles.mr, gemm.tiles.nr, gemm.tiles.kc, gemm.tiles.mc,
                                    gemm.tiles.nc) < 1:
@@ -246,8 +255,43 @@ class _Verifier:
                 raise self.fail(f"gemm operand {name} reads index {stray[0]!r}")
         for operand, _, _ in reads:
             self.expr(operand)
-            if operand.dtype != gemm.dtype:
-                raise self.fail(f"gemm operand is {operand.dtype}, the product {gemm.dtype}")
+            if operand.dtype != product:
+                raise self.fail(f"gemm operand is {operand.dtype}, the product {product}")
+        self.scope.frames.pop()
+
+    def attention(self, att: L.Attention) -> None:
+        out = self.access(att.out, None)
+        if out.role == L.BufferRole.INPUT:
+            raise self.fail(f"attention stores to the input {out.name!r}")
+        batch = tuple(att.batch_extents)
+        if out.shape != batch + (att.tq, att.dv):
+            raise self.fail(f"attention writes {list(batch + (att.tq, att.dv))} into "
+                            f"{out.name!r} of shape {list(out.shape)}")
+        if att.dtype != L.value_type(out.dtype) or att.dtype not in L.FLOAT_TYPES:
+            raise self.fail(f"attention of {att.dtype} into {out.name!r} ({out.dtype})")
+        for name, rank in ((att.q, 2), (att.kt, 3), (att.v, 2)):
+            operand = self.access(name, None)
+            if len(operand.shape) != len(batch) + rank or operand.shape[:len(batch)] != batch:
+                raise self.fail(f"attention operand {name!r} of shape {list(operand.shape)} "
+                                f"does not match the batch {list(batch)}")
+        if self.access(att.q, None).shape[-2] != att.tq:
+            raise self.fail(f"attention query {att.q!r} has not {att.tq} rows")
+        if min(att.tq, att.tk, att.d_extent, att.dv, att.block_rows, att.block_keys,
+               att.threads) < 1:
+            raise self.fail("attention extents, blocks and threads must be at least 1")
+        frame = {**{v.name: (L.I64, e) for v, e in zip(att.batch, batch, strict=True)},
+                 att.i.name: (L.I64, att.tq), att.j.name: (L.I64, att.tk),
+                 att.s.name: (att.dtype, None)}
+        if len(frame) != len(batch) + 3:
+            raise self.fail("attention index variables are not distinct")
+        for name in frame:
+            if self.scope.lookup(name) is not None:
+                raise self.fail(f"attention index {name!r} shadows a variable in scope")
+        self.scope.frames.append(frame)
+        for score in (att.score, att.unmasked):
+            self.expr(score)
+            if score.dtype != att.dtype:
+                raise self.fail(f"attention score is {score.dtype}, the product {att.dtype}")
         self.scope.frames.pop()
 
     def access(self, name: str, index: tuple[L.Expr, ...] | None) -> L.Buffer:

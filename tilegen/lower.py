@@ -19,7 +19,7 @@ from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation
 from kina_frontend.types import DType, TensorType
 
-from . import attention, config
+from . import attention, config, gemm_bf16
 from . import gemm as gemm_module
 from . import loopir as L
 from .affine import IndexSimplifier
@@ -62,6 +62,7 @@ class LowerContext:
         self.options = options
         self.simplifier = IndexSimplifier()
         self.buffers: list[L.Buffer] = []
+        self.bf16_buffers: set[str] = set()
         self.body: list[L.Stmt] = []
         self.check_sites: list[L.CheckSite] = []
         # Ids read straight from a parameter are validated once, before anything else runs:
@@ -153,6 +154,8 @@ class LowerContext:
         # DType values ("f32", "bf16", "bool", ...) are the loop IR's buffer type names.
         buffer = L.Buffer(self.fresh_name(_sanitize(hint)), ttype.dtype.value,
                           ttype.concrete_shape, role)
+        if buffer.dtype == L.BF16_STORAGE:
+            self.bf16_buffers.add(buffer.name)
         self.buffers.append(buffer)
         return buffer
 
@@ -185,19 +188,23 @@ class LowerContext:
         """Whether a @ b is big enough for packed panels to beat the fused `Reduce` form."""
         m, k = a.type.concrete_shape[-2:]
         n = b.type.concrete_shape[-1]
-        return a.type.dtype.value in gemm_module.LANES and m * n * k >= GEMM_MIN_WORK and \
-            n >= 8 and k >= 8
+        packed = a.type.dtype.value in gemm_module.LANES or a.type.dtype is DType.BF16
+        return packed and m * n * k >= GEMM_MIN_WORK and n >= 8 and k >= 8
 
     def gemm(self, out: str, a: View, b: View) -> L.Gemm:
         """A packed, register-blocked matrix multiply of a @ b writing `out`."""
         a_shape, b_shape = a.type.concrete_shape, b.type.concrete_shape
         m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
         dtype = a.type.dtype.value
+        if a.type.dtype is DType.BF16:
+            dtype = gemm_bf16.gemm_dtype(self.options)
         batch_extents = a_shape[:-2]
         batch = tuple(self.var(e, "b") for e in batch_extents)
         i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")
         threads = self.options.num_threads if 2 * m * n * k >= GEMM_PARALLEL_WORK else 1
-        if self.options.autotune:
+        if dtype == L.BF16_STORAGE:
+            tiles = gemm_bf16.bf16_tiles(m, n, k)
+        elif self.options.autotune:
             from . import autotune
 
             tiles = autotune.choose(dtype, batch_extents, m, n, k, threads,
@@ -248,7 +255,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
         produced = rule(ctx, op, [views[v.name] for v in op.operands])
         (result,) = op.results
         if result.type.dtype is DType.BF16 and isinstance(produced, View):
-            produced = _rounded_to_bf16(produced)
+            produced = _rounded_to_bf16(produced, ctx.bf16_buffers)
         position = result_position.get(result.name)
         if position is not None:
             buffer = ctx.add_buffer(f"out{position}", result.type, "output")
@@ -278,14 +285,15 @@ def lower_function(function: Function, kernel_name: str | None = None,
                     tuple(inputs), tuple(outputs), tuple(ctx.check_sites))
 
 
-def _rounded_to_bf16(view: View) -> View:
+def _rounded_to_bf16(view: View, bf16_buffers: set[str]) -> View:
     """A BF16 result computed in f32 rounds to bf16 at the op, as the reference does (loads
-    from bf16 buffers and values already rounded are left alone)."""
+    from bf16 buffers and values already rounded are left alone; a load from an f32
+    buffer, `cast(x, BF16)` of an F32 parameter, is rounded)."""
     at = view.at
 
     def rounded(index):
         value = at(index)
-        if isinstance(value, L.Load):
+        if isinstance(value, L.Load) and value.buffer in bf16_buffers:
             return value
         return L.round_bf16(value)
     return View(view.type, rounded, view.buffer, view.param, view.depth)

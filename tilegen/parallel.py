@@ -124,17 +124,24 @@ class _CapturedPointers(dict):
     its entry block on first use: a region passes only those (MiniLM's kernel has ~230
     buffers; storing every one into each region's context was most of its code)."""
 
-    def __init__(self, entry: ir.Block, context: ir.Value, first_slot: int, available):
+    def __init__(self, owner: C.KernelCodegen, entry: ir.Block, context: ir.Value,
+                 first_slot: int, available):
         super().__init__()
-        self.entry, self.context, self.first_slot = entry, context, first_slot
+        self.owner, self.entry, self.context = owner, entry, context
+        self.first_slot = first_slot
         self.available = available  # the parent's pointers
         self.used: list[str] = []  # in context order
 
     def __missing__(self, name: str) -> ir.Value:
         if name not in self.available:
             raise KeyError(name)
-        b = ir.IRBuilder(self.entry)
-        b.position_at_start(self.entry)
+        if self.owner.b.block is self.entry:
+            # Still in the entry block: load here. An insert at its start would leave the
+            # owner's builder one instruction short of its place (llvmlite keeps an index).
+            b = self.owner.b
+        else:
+            b = ir.IRBuilder(self.entry)
+            b.position_at_start(self.entry)
         pointer = b.load(_slot(b, self.context, self.first_slot + len(self.used)), typ=PTR)
         self.used.append(name)
         self[name] = pointer
@@ -155,7 +162,7 @@ class OutlinedCodegen(C.KernelCodegen):
         records = b.load(_slot(b, context, 0), typ=PTR)
         self.env = [{name: C.Val(b.load(_slot(b, context, 1 + i), typ=value.value.type), False)
                      for i, (name, value) in enumerate(captured)}]
-        self.pointers = _CapturedPointers(self.function.entry_basic_block, context,
+        self.pointers = _CapturedPointers(self, self.function.entry_basic_block, context,
                                           1 + len(captured), parent.pointers)
         self.thread_count = b.sext(b.call(self._declare(
             "omp_get_num_threads", ir.FunctionType(I32, [])), []), I64)

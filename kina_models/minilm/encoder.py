@@ -26,6 +26,7 @@ from .tokens import Batch, load_tokenizer, make_batches
 PROGRAM = "minilm_l6.kina"   # a bundled example (kina_frontend.resolve_path)
 ENTRY = "minilm_encode"
 DEFAULT_LENGTH_STEP = 16
+WEIGHT_TYPES = ("f32", "bf16")
 
 
 class SentenceEncoder:
@@ -35,10 +36,14 @@ class SentenceEncoder:
     `jit=False` compiles each shape to a shared library instead of in-process code.
     Batches are padded to `length_step` multiples of tokens (and to power-of-two counts of
     sentences), so at most a few dozen shapes are ever compiled; each is compiled on first
-    use and kept (on disk too when TILEGEN_CACHE_DIR is set)."""
+    use and kept (on disk too when TILEGEN_CACHE_DIR is set).
+
+    `weights="bf16"` runs every Linear layer on BF16 weights (rounded once, here) with its
+    input rounded to BF16 and f32 accumulation (`kina_frontend.precision.bf16_weights`
+    applied to the program); embeddings, attention, norms and biases stay F32."""
 
     def __init__(self, model_dir: str | os.PathLike | None = None, *, jit: bool = True,
-                 length_step: int = DEFAULT_LENGTH_STEP):
+                 length_step: int = DEFAULT_LENGTH_STEP, weights: str = "f32"):
         folder = Path(model_dir) if model_dir is not None else default_model_dir()
         if not folder.is_dir():
             raise ModelFileError(folder, "is not a model folder (config.json, "
@@ -46,6 +51,10 @@ class SentenceEncoder:
         if isinstance(length_step, bool) or not isinstance(length_step, int) \
                 or length_step < 1:
             raise ValueError(f"length_step must be a positive integer, got {length_step!r}")
+        if weights not in WEIGHT_TYPES:
+            raise ValueError(f"weights must be one of {', '.join(map(repr, WEIGHT_TYPES))}, "
+                             f"got {weights!r}")
+        self.weight_type = weights
         self.model_dir = folder
         self.jit = jit
         self.length_step = length_step
@@ -55,6 +64,8 @@ class SentenceEncoder:
                                  f"{PROGRAM} returns L2-normalised embeddings")
         self.tokenizer = load_tokenizer(folder / "tokenizer.json", self.config.max_seq_length)
         self.weights: tuple[np.ndarray, ...] = load_weights(folder, self.config)
+        if weights == "bf16":
+            self.weights = self._bf16_matmul_weights()
         self._compiled: dict[tuple[int, int], object] = {}
         self._lock = threading.Lock()
 
@@ -78,14 +89,35 @@ class SentenceEncoder:
         with self._lock:
             function = self._compiled.get(key)
             if function is None:
-                import tilegen
-
-                module = tilegen.compile_file(PROGRAM, jit=self.jit,
-                                              consts=self.consts(batch, length),
-                                              functions=(ENTRY,))
+                module = self._compile(self.consts(batch, length))
                 function = getattr(module, ENTRY)
                 self._compiled[key] = function
         return function
+
+    def _compile(self, consts: dict[str, int]):
+        import tilegen
+
+        if self.weight_type == "f32":
+            return tilegen.compile_file(PROGRAM, jit=self.jit, consts=consts,
+                                        functions=(ENTRY,))
+        return tilegen.compile_program(self._bf16_program(consts)[0], jit=self.jit)
+
+    def _bf16_program(self, consts: dict[str, int]):
+        from kina_frontend import check_source, load_source, specialize
+        from kina_frontend.precision import bf16_weights
+
+        return bf16_weights(specialize(check_source(load_source(PROGRAM), consts)), ENTRY)
+
+    def _bf16_matmul_weights(self) -> tuple[np.ndarray, ...]:
+        """The weights with those the program multiplies by (the Linear weights) in BF16;
+        which they are does not depend on the batch shape, so any shape tells."""
+        import ml_dtypes
+
+        program, names = self._bf16_program(self.consts(1, self.length_step))
+        params = program.functions[0].params[3:]  # after ids, type_ids and mask
+        narrow = set(names)
+        return tuple(w.astype(ml_dtypes.bfloat16) if p.name in narrow else w
+                     for p, w in zip(params, self.weights, strict=True))
 
     def batches(self, sentences: list[str], batch_size: int) -> list[Batch]:
         encodings = self.tokenizer.encode_batch(sentences)

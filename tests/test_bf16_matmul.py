@@ -1,0 +1,240 @@
+"""BF16 matmul (tilegen/gemm_bf16.py): bf16 operands, f32 accumulation, an F32 result.
+
+Both paths -- the `vdpbf16ps` micro-kernel (TILEGEN_BF16_DOT=1, on a CPU with AVX512-BF16)
+and the widen-to-f32 path (TILEGEN_BF16_DOT=0) -- against the exact products of the bf16
+inputs (widened to float64 by NumPy), at odd shapes, odd depths (a zero-padded last pair),
+depths over one block, batches, transposed operands, mixed programs (F32 cast to BF16),
+one and two threads; the path choice per CPU; and `vdpbf16ps` in `--emit asm`.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kina_frontend import program_from_text
+from tilegen import config
+from tilegen.api import compile_program
+from tilegen.gemm_bf16 import dot_available
+from tilegen.loopir import Gemm
+from tilegen.runtime import program_of
+from tilegen.target import host_cpu
+
+BF16 = ml_dtypes.bfloat16
+HOST_HAS_DOT = "+avx512bf16" in host_cpu()[1].split(",")
+PATHS = [pytest.param("1", marks=pytest.mark.skipif(not HOST_HAS_DOT,
+                                                      reason="host has no AVX512-BF16")),
+         "0"]
+
+
+def _ty(shape, dtype="BF16"):
+    return f"Tensor[{dtype}, [{', '.join(str(d) for d in shape)}], @host]"
+
+
+def _compile(source, monkeypatch, dot: str, threads: int = 2):
+    monkeypatch.setenv("TILEGEN_BF16_DOT", dot)
+    monkeypatch.setenv("TILEGEN_NUM_THREADS", str(threads))
+    return compile_program(program_from_text(source))
+
+
+def _gemm_dtypes(module, name="f") -> list[str]:
+    return [s.dtype for s in program_of(module).plans[name].kernel.body if isinstance(s, Gemm)]
+
+
+def _bf16(rng, shape):
+    return rng.standard_normal(shape).astype(BF16)
+
+
+def _check(got, a, b):
+    """got == a @ b up to f32 accumulation: |error| <= k u sum |a||b| (u = 2^-24)."""
+    wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
+    exact = np.matmul(wide_a, wide_b)
+    depth = a.shape[-1]
+    bound = depth * 2.0 ** -24 * np.matmul(np.abs(wide_a), np.abs(wide_b))
+    assert got.dtype == np.float32 and got.shape == exact.shape
+    worst = np.max(np.abs(got - exact) - bound)
+    assert worst <= 1e-30, f"error beyond the f32 accumulation bound by {worst}"
+
+
+def _pays(m, k, n) -> bool:
+    return m * n * k >= 1 << 16 and n >= 8 and k >= 8
+
+
+SHAPES = [(1, 1, 1), (17, 33, 5), (333, 1000, 777), (40, 37, 50), (37, 1025, 45),
+          (100, 513, 33), (13, 600, 70), (250, 63, 16)]
+
+
+@pytest.mark.parametrize("dot", PATHS)
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_bf16_matmul_matches_exact_products(m, k, n, dot, monkeypatch):
+    module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty((k, n))}) -> {_ty((m, n), 'F32')} "
+                      "{ return matmul(a, b); }", monkeypatch, dot)
+    rng = np.random.default_rng(m * 31 + k * 7 + n)
+    a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n))
+    _check(module.f(a, b), a, b)
+    if _pays(m, k, n):
+        assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"]
+
+
+@pytest.mark.parametrize("dot", PATHS)
+def test_one_thread_gives_the_same_result_as_two(dot, monkeypatch):
+    source = f"fn f(a: {_ty((333, 1000))}, b: {_ty((1000, 777))}) -> {_ty((333, 777), 'F32')} " \
+             "{ return matmul(a, b); }"
+    rng = np.random.default_rng(5)
+    a, b = _bf16(rng, (333, 1000)), _bf16(rng, (1000, 777))
+    one = _compile(source, monkeypatch, dot, threads=1).f(a, b)
+    two = _compile(source, monkeypatch, dot, threads=2).f(a, b)
+    _check(one, a, b)
+    assert np.array_equal(one, two)
+
+
+@pytest.mark.parametrize("dot", PATHS)
+def test_batched_and_transposed_bf16_operands(dot, monkeypatch):
+    source = f"""
+fn f(q: {_ty((2, 3, 70, 41))}, k: {_ty((2, 3, 90, 41))}, x: {_ty((5, 67, 39))},
+     y: {_ty((5, 39, 48))}, w: {_ty((41, 66))}, r: {_ty((70, 41))})
+     -> ({_ty((2, 3, 70, 90), 'F32')},
+     {_ty((5, 67, 48), 'F32')}, {_ty((66, 70), 'F32')}) {{
+  let scores = matmul(q, transpose(k, [0, 1, 3, 2]));
+  let batched = matmul(x, y);
+  let across = matmul(transpose(w, [1, 0]), transpose(r, [1, 0]));
+  return (scores, batched, across);
+}}"""
+    module = _compile(source, monkeypatch, dot)
+    rng = np.random.default_rng(11)
+    q, k, x = _bf16(rng, (2, 3, 70, 41)), _bf16(rng, (2, 3, 90, 41)), _bf16(rng, (5, 67, 39))
+    y, w, r = _bf16(rng, (5, 39, 48)), _bf16(rng, (41, 66)), _bf16(rng, (70, 41))
+    scores, batched, across = module.f(q, k, x, y, w, r)
+    _check(scores, q, np.swapaxes(k, 2, 3))
+    _check(batched, x, y)
+    _check(across, w.T, r.T)
+    assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"] * 3
+
+
+@pytest.mark.parametrize("dot", PATHS)
+@pytest.mark.parametrize("m,k,n", [(50, 1025, 70), (333, 1000, 777), (20, 17, 300)])
+def test_weight_stored_out_by_in(m, k, n, dot, monkeypatch):
+    # x @ transpose(w) with w [N, K] (torch's Linear layout): B is read along k.
+    module = _compile(f"fn f(a: {_ty((m, k))}, w: {_ty((n, k))}) -> {_ty((m, n), 'F32')} "
+                      "{ return matmul(a, transpose(w, [1, 0])); }", monkeypatch, dot)
+    rng = np.random.default_rng(k)
+    a, w = _bf16(rng, (m, k)), _bf16(rng, (n, k))
+    _check(module.f(a, w), a, w.T)
+    assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"]
+
+
+@pytest.mark.parametrize("dot", PATHS)
+def test_mixed_program_f32_activations_and_weights_cast_to_bf16(dot, monkeypatch):
+    # BF16 weights, F32 activations cast to BF16, an F32 weight cast to BF16, and the F32
+    # result used by F32 ops.
+    source = f"""
+fn f(x: {_ty((77, 96), 'F32')}, w: {_ty((96, 130))}, v: {_ty((130, 45), 'F32')},
+     bias: {_ty((77, 45), 'F32')}) -> ({_ty((77, 45), 'F32')}, {_ty((77, 130), 'F32')}) {{
+  let first = matmul(cast(x, BF16), w);
+  let h = tanh(first);
+  return (matmul(cast(h, BF16), cast(v, BF16)) + bias, first);
+}}"""
+    module = _compile(source, monkeypatch, dot)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((77, 96)).astype(np.float32)
+    w = _bf16(rng, (96, 130))
+    v = rng.standard_normal((130, 45)).astype(np.float32)
+    bias = rng.standard_normal((77, 45)).astype(np.float32)
+    got, first = module.f(x, w, v, bias)
+    _check(first, x.astype(BF16), w)  # x rounded to nearest bf16, not used as it is
+    h = np.tanh(x.astype(BF16).astype(np.float64) @ w.astype(np.float64))
+    exact = h.astype(np.float32).astype(BF16).astype(np.float64) @ \
+        v.astype(BF16).astype(np.float64) + bias
+    # tanh's f32 result may round to the neighbouring bf16 of the float64 one: one bf16 ulp
+    # (2^-8 relative) per element of h, summed over the 130 products.
+    bound = 2.0 ** -7 * np.abs(h) @ np.abs(v.astype(np.float64)) + 1e-5
+    assert np.all(np.abs(got - exact) <= bound)
+    assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"] * 2
+
+
+def test_cast_of_an_f32_parameter_to_bf16_rounds(monkeypatch):
+    # cast(x, BF16) of an F32 parameter is a plain load of x in f32; it must still round.
+    module = _compile(f"fn f(x: {_ty((100,), 'F32')}) -> {_ty((100,), 'F32')} "
+                      "{ return cast(cast(x, BF16), F32) * 1.0; }", monkeypatch, "0")
+    x = np.random.default_rng(4).standard_normal(100).astype(np.float32)
+    assert np.array_equal(module.f(x), x.astype(BF16).astype(np.float32))
+
+
+@pytest.mark.parametrize("dot", PATHS)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 90), k=st.integers(8, 140), n=st.integers(8, 90),
+       transpose_a=st.booleans(), transpose_b=st.booleans())
+def test_generated_bf16_products(m, k, n, transpose_a, transpose_b, dot, monkeypatch):
+    a_shape = (k, m) if transpose_a else (m, k)
+    b_shape = (n, k) if transpose_b else (k, n)
+    a_use = "transpose(a, [1, 0])" if transpose_a else "a"
+    b_use = "transpose(b, [1, 0])" if transpose_b else "b"
+    module = _compile(f"fn f(a: {_ty(a_shape)}, b: {_ty(b_shape)}) -> {_ty((m, n), 'F32')} "
+                      f"{{ return matmul({a_use}, {b_use}); }}", monkeypatch, dot)
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a, b = _bf16(rng, a_shape), _bf16(rng, b_shape)
+    _check(module.f(a, b), a.T if transpose_a else a, b.T if transpose_b else b)
+
+
+def test_path_choice_follows_the_cpu_features_and_the_knob():
+    auto, on, off = (config.Config(1, None, False, False, bf16_dot=value)
+                     for value in (None, True, False))
+    zen4 = "+avx512f,+avx512bf16,-amx-bf16"
+    sapphire = "+avx512f,+avx512bf16,+amx-bf16,+amx-tile"
+    haswell = "+avx2,+fma,-avx512bf16"
+    assert dot_available(auto, zen4) and dot_available(on, zen4)
+    assert not dot_available(off, zen4)
+    # The AMX cores issue vdpbf16ps at half the FMA rate: the f32 kernel unless forced.
+    assert not dot_available(auto, sapphire) and dot_available(on, sapphire)
+    # Never without the instruction, whatever the knob says.
+    assert not any(dot_available(options, haswell) for options in (auto, on, off))
+
+
+@pytest.mark.skipif(not HOST_HAS_DOT, reason="host has no AVX512-BF16")
+def test_vdpbf16ps_in_emitted_assembly(tmp_path, monkeypatch, capsys):
+    from tilegen.compile import main
+
+    path = tmp_path / "mm.kina"
+    path.write_text(f"fn mm(a: {_ty((333, 1000))}, b: {_ty((1000, 777))}) -> "
+                    f"{_ty((333, 777), 'F32')} {{ return matmul(a, b); }}\n")
+    for dot, expected in (("1", True), ("0", False)):
+        monkeypatch.setenv("TILEGEN_BF16_DOT", dot)
+        assert main([str(path), "--emit", "asm"]) == 0
+        assert ("vdpbf16ps" in capsys.readouterr().out) is expected
+
+
+@pytest.mark.parametrize("dot", PATHS)
+@pytest.mark.parametrize("k", [37, 513])
+def test_odd_depth_padding_meets_infinities_as_zeros(k, dot, monkeypatch):
+    # The last pair of an odd depth is padded with zeros in both panels; a padding that
+    # repeated B's last row (against A's zero) would turn its infinities into NaNs.
+    m, n = 40, 50
+    module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty((k, n))}) -> {_ty((m, n), 'F32')} "
+                      "{ return matmul(a, b); }", monkeypatch, dot)
+    rng = np.random.default_rng(k)
+    a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n))
+    a[:, -1] = 1.0
+    b[-1, ::3] = np.inf
+    got = module.f(a, b)
+    assert np.all(np.isposinf(got[:, ::3]))
+    keep = np.ones(n, bool)
+    keep[::3] = False
+    _check(got[:, keep], a, b[:, keep])
+
+
+def test_the_docs_bf16_sample_runs():
+    from pathlib import Path
+
+    from tests.markdown import fenced_blocks
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "kina.md"
+    (sample,) = [b for b in fenced_blocks(doc, "kina") if "fn dense" in b]
+    module = compile_program(program_from_text(sample))
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((128, 384)).astype(np.float32)
+    w = _bf16(rng, (384, 1536))
+    _check(module.dense(x, w), x.astype(BF16), w)

@@ -1,0 +1,243 @@
+"""Packed BF16 matrix multiply on AVX512-BF16: `vdpbf16ps`, two bf16 products per f32 lane.
+
+A `Gemm` of dtype bf16 has bf16 operands (their element expressions give f32 values that are
+exactly bf16, from bf16 loads or a rounding cast) and an f32 result, accumulated in f32. It
+runs the loop structure of tilegen/gemm.py (column, depth and row blocks, threads) with
+16-bit panels laid out for the instruction, which multiplies pairs along k:
+
+    Ap[r * stride + k]                 rows as they are (k and k + 1 are already neighbours)
+    Bp[panel][p][j][2]                 depth pair p = (B[2p, j], B[2p + 1, j]) interleaved
+                                       per column, nr columns per panel (zeros past N)
+
+A block's odd depth is padded with a zero row of B and a zero column of A (pack_a already
+writes zeros up to its vector width). The micro-kernel broadcasts one 32-bit pair of A per
+row ({1to16} memory operand) against nr / 16 vectors of B pairs: mr x nr / 16 accumulators,
+12 x 2 for the default 12 x 32 block, as in the f32 kernel.
+
+`vdpbf16ps` flushes bf16 subnormal inputs to zero and rounds its f32 sum to nearest-even;
+the products of normal bf16 values are exact in f32, so results differ from a widening f32
+gemm only in the order of the f32 additions. Without the feature, where the instruction is
+slower than the f32 kernel, or with TILEGEN_BF16_DOT=0 the lowering emits an f32 `Gemm` over
+the widened operands instead (`gemm_dtype`, `dot_available`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llvmlite import ir
+
+from . import loopir as L
+from .config import Config
+from .gemm import (
+    I64,
+    _GemmEmitter,
+    declare_intrinsic,
+    default_tiles,
+    element_pointer,
+    micro_kernel_shell,
+    splat,
+)
+
+I16, I32 = ir.IntType(16), ir.IntType(32)
+LANES = 16  # f32 accumulator lanes; a B vector holds 16 pairs
+DOT_FEATURE = "+avx512bf16"
+HALF_RATE_FEATURE = "+amx-bf16"
+
+
+class _BFloat(ir.Type):
+    """LLVM's `bfloat` (llvmlite.ir has no such type): the element of the operands that
+    LLVM 22's `llvm.x86.avx512bf16.dpbf16ps.512` takes, `<32 x bfloat>`."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _BFloat)
+
+    def __hash__(self) -> int:
+        return hash(_BFloat)
+
+
+BF16_PAIRS = ir.VectorType(_BFloat(), 2 * LANES)
+F32_VECTOR = ir.VectorType(ir.FloatType(), LANES)
+
+
+def dot_available(options: Config, features: str | None = None) -> bool:
+    """Whether bf16 products use `vdpbf16ps`, for a target CPU with `features` (today the
+    host's feature string). Never without AVX512-BF16; with it, as TILEGEN_BF16_DOT says,
+    and by default only on CPUs without AMX-BF16: the Intel server cores that have AMX
+    issue `vdpbf16ps` at half the FMA rate (measured on this project's Xeon: 0.5 per cycle
+    against 2 FMAs, so the dot kernel ran 1024^3 at 111 GF/s on one core, the f32 kernel
+    at 165), while AMD Zen 4 and 5 issue it at the FMA rate, twice the products."""
+    if features is None:
+        from .target import host_cpu
+
+        features = host_cpu()[1]
+    enabled = set(features.split(","))
+    if DOT_FEATURE not in enabled or options.bf16_dot is False:
+        return False
+    return options.bf16_dot is True or HALF_RATE_FEATURE not in enabled
+
+
+def gemm_dtype(options: Config) -> str:
+    """The `Gemm` dtype for a product of bf16 operands: bf16 (the dot-product kernel) or f32
+    (the same operands widened while packing, on the f32 kernel)."""
+    return L.BF16_STORAGE if dot_available(options) else L.F32
+
+
+def bf16_tiles(m: int, n: int, k: int) -> L.GemmTiles:
+    """The f32 register and cache blocks, with twice the depth per block: 16-bit panels of
+    kc = 512 take the bytes f32 panels of 256 do."""
+    tiles = default_tiles(L.F32, m, n, k)
+    return replace(tiles, kc=min(512, k))
+
+
+def _even(count):
+    return (count + 1) // 2 * 2
+
+
+class Bf16DotEmitter(_GemmEmitter):
+    """_GemmEmitter with 16-bit panels, B interleaved in depth pairs, and the dpbf16ps
+    micro-kernel."""
+
+    def __init__(self, cg, gemm: L.Gemm):
+        # Values while packing and the accumulators are f32; only the panels are 16-bit.
+        super().__init__(cg, replace(gemm, dtype=L.F32))
+        self.g = gemm
+        self.packed_element = I16
+        self.packed_bytes = 2
+
+    def bits(self, value):
+        """The bf16 bits of an f32 vector whose values are bf16 already (exact, no rounding:
+        the operands come from bf16 loads or a rounding cast)."""
+        wide = self.b.bitcast(value, ir.VectorType(I32, LANES))
+        shifted = self.b.lshr(wide, ir.Constant(ir.VectorType(I32, LANES), [16] * LANES))
+        return self.b.trunc(shifted, ir.VectorType(I16, LANES))
+
+    def store_packed(self, value, pointer) -> None:
+        self.b.store(self.bits(value), pointer, align=2)
+
+    def b_panel_elements(self) -> int:
+        return _even(self.tiles.kc) * self.tiles.nc
+
+    def panel_depth(self, kc):
+        """Rows a B panel holds for a depth block of kc: kc rounded up to whole pairs."""
+        return self.b.and_(self.b.add(kc, self.const(1)), self.const(-2))
+
+    def pack_b(self, packed, jc, nc, pc, kc) -> None:
+        """Bp[(jr / nr) * depth * nr + p * 2 nr + 2 j + h] = B[pc + 2p + h, jc + jr + j]
+        (0 past N and past kc): two depths per column, as dpbf16ps pairs them."""
+        if self._read_across(self.g.b_elem, self.g.j, self.g.k):
+            self.pack_b_pairs_transposed(packed, jc, nc, pc, kc)
+            return
+        g, nr, b = self.g, self.tiles.nr, self.b
+        depth = self.panel_depth(kc)
+        last = self.const(g.k_extent - 1)
+
+        def panel(jr, carried):
+            def pair(p, carried):
+                k0 = b.add(pc, b.shl(p, self.const(1)))
+                # Read the odd depth at an index inside B (its lanes are masked off anyway,
+                # but a load that does not vary along j is not masked).
+                k1 = b.add(k0, self.const(1))
+                inside = b.icmp_signed("<", b.sub(k1, pc), kc)
+                k1 = b.select(b.icmp_signed(">", k1, last), last, k1)
+                for part in range(self.vectors_per_row):
+                    first = b.add(b.add(jc, jr), self.const(part * LANES))
+                    mask = self.lane_mask(first, self.const(g.n))
+                    even = self._tile_value(g.b_elem, g.j, first, mask, [(g.k, k0)])
+                    odd_mask = b.and_(mask, self.cg._splat(inside, LANES))
+                    odd = self._tile_value(g.b_elem, g.j, first, odd_mask, [(g.k, k1)])
+                    pairs = self.interleave(even, odd)
+                    offset = b.add(b.add(b.mul(jr, depth), b.mul(p, self.const(2 * nr))),
+                                   self.const(part * 2 * LANES))
+                    b.store(pairs, self.gep(packed, offset), align=2)
+                return carried
+            self.cg._loop(self.const(0), b.ashr(depth, self.const(1)), 1, [], pair)
+            return carried
+        self.cg._loop(self.const(0), nc, nr, [], panel)
+
+    def interleave(self, even, odd):
+        """Two f32 vectors of bf16 values as one vector of 16 (even, odd) bf16 pairs."""
+        lanes = [lane // 2 + (lane % 2) * LANES for lane in range(2 * LANES)]
+        return self.b.shuffle_vector(self.bits(even), self.bits(odd),
+                                     ir.Constant(ir.VectorType(I32, 2 * LANES), lanes))
+
+    def pack_b_pairs_transposed(self, packed, jc, nc, pc, kc) -> None:
+        """pack_b for a B read along k (`x @ transpose(w)`): 16 columns x 16 depths at a
+        time, each column loaded as one vector along k and the block transposed in
+        registers (as gemm.py's pack_b_transposed), then the depth rows paired."""
+        g, nr, b = self.g, self.tiles.nr, self.b
+        depth = self.panel_depth(kc)
+        whole = b.and_(kc, self.const(-LANES))  # depths in full chunks of 16
+
+        def chunk(jr, k, partial: bool):
+            depth_mask = self.lane_mask(k, kc)  # depths past kc load as zeros
+            for part in range(self.vectors_per_row):
+                def column(r, part=part):
+                    index = b.add(b.add(jc, jr), self.const(part * LANES + r))
+                    return index, b.icmp_signed("<", index, self.const(g.n))
+                rows = self._transposed_block(g.b_elem, g.k, b.add(pc, k), depth_mask, g.j,
+                                              column)
+                pairs = [self.interleave(rows[2 * p], rows[2 * p + 1])
+                         for p in range(LANES // 2)]
+                first_pair = b.ashr(k, self.const(1))
+                for p, value in enumerate(pairs):
+                    pair = b.add(first_pair, self.const(p))
+                    pointer = self.gep(packed, b.add(b.add(
+                        b.mul(jr, depth), b.mul(pair, self.const(2 * nr))),
+                        self.const(part * 2 * LANES)))
+                    if partial:  # only the pairs the panel holds
+                        inside = b.icmp_signed("<", b.shl(pair, self.const(1)), kc)
+                        with b.if_then(inside):
+                            b.store(value, pointer, align=2)
+                    else:
+                        b.store(value, pointer, align=2)
+
+        def panel(jr, carried):
+            self.cg._loop(self.const(0), whole, LANES, [],
+                          lambda k, carried: chunk(jr, k, False) or carried)
+            with b.if_then(b.icmp_signed("<", whole, kc)):
+                chunk(jr, whole, True)
+            return carried
+        self.cg._loop(self.const(0), nc, nr, [], panel)
+
+    def micro_kernel(self) -> ir.Function:
+        return dot_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr, self.a_stride)
+
+    def micro_steps(self, kc):
+        return self.b.ashr(self.panel_depth(kc), self.const(1))
+
+    def b_panel_offset(self, jr, kc):
+        return self.b.mul(jr, self.panel_depth(kc))
+
+
+def dot_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.Function:
+    """The micro-kernel (signature of gemm.micro_kernel_function, kc counting depth pairs):
+    C[r, j] (+)= sum over pairs p of Ap[r, 2p] Bp[p, j, 0] + Ap[r, 2p + 1] Bp[p, j, 1]."""
+    name = f"tilegen.gemm.bf16dot.{mr}x{nr}.s{a_stride}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    parts = nr // LANES
+    dot = declare_intrinsic(module, "llvm.x86.avx512bf16.dpbf16ps.512", F32_VECTOR,
+                            [F32_VECTOR, BF16_PAIRS, BF16_PAIRS])
+
+    def const(value):
+        return ir.Constant(I64, value)
+
+    def step(b, a, bp, p, accumulators):
+        b_row = element_pointer(b, bp, b.mul(p, const(2 * nr)), I16)
+        columns = [b.load(element_pointer(b, b_row, const(part * 2 * LANES), I16),
+                          typ=BF16_PAIRS, align=4) for part in range(parts)]
+        updated = []
+        for r in range(mr):
+            pair = b.load(element_pointer(b, a, b.add(b.shl(p, const(1)), const(r * a_stride)),
+                                          I16), typ=I32, align=4)
+            broadcast = b.bitcast(splat(b, pair, LANES), BF16_PAIRS)
+            for part in range(parts):
+                updated.append(b.call(dot, [accumulators[r * parts + part], broadcast,
+                                            columns[part]]))
+        return updated
+    return micro_kernel_shell(module, name, L.F32, mr, parts, step)
