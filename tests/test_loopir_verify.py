@@ -89,6 +89,8 @@ BROKEN = {
     "'add' of i1 (no arithmetic on booleans)": _kernel(_loop(_store(L.Select(
         L.Binary("add", L.Binary("lt", _x(), _x(), L.BOOL), L.Binary("lt", _x(), _x(), L.BOOL),
                  L.BOOL), _x(), _x(), L.F32)))),
+    "the iterations of vector loop 'i' may touch one element": _kernel(_loop(
+        L.Store("o", (L.const(0),), L.const(0.0, L.F32)), kind="vector", width=4)),
     "gemm operand B reads index 'i'": _kernel(L.Gemm(
         "o", (L.Var("b"),), (1,), LOOP_I, LOOP_J, L.Var("k"), 2, 2, 4, _x(L.Var("k")),
         _x(LOOP_I), L.F32, L.GemmTiles(12, 32, 256, 96, 1024)),
