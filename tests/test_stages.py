@@ -226,3 +226,21 @@ def test_architecture_md_shows_the_stage_table():
 def test_readme_lists_every_stage_in_order():
     rows = _table_rows("README.md", "| `--emit` | prints |")
     assert [row[0] for row in rows] == [f"`{name}`" for name in stages.NAMES]
+
+
+def test_two_lane_row_sums_are_not_joined():
+    # Found by tests/test_reschedule.py: four 2-lane accumulators joined in one shuffle tree
+    # reached a zero-lane shuffle (invalid LLVM IR). Such loops now run trip by trip.
+    from tilegen.emitplan import annotate
+    from tilegen.loopfile import kernel_plan
+    from tilegen.runtime import jit_module
+
+    row, r = L.Var("row"), L.Var("r")
+    total = L.Reduce(L.ReduceOp.SUM, r, 9, L.Load("x", (row, r), L.F32), L.F32, 2)
+    kernel = L.Kernel("k", (L.Buffer("x", L.F32, (7, 9), L.BufferRole.INPUT),
+                            L.Buffer("o", L.F32, (7,), L.BufferRole.OUTPUT)),
+                      (L.For(row, 7, (L.Store("o", (row,), total),)),), ("x",), ("o",))
+    assert "joint" not in annotate(kernel)
+    x = np.random.default_rng(5).standard_normal((7, 9)).astype(np.float32)
+    module = jit_module([kernel_plan(kernel, config.load())])
+    np.testing.assert_allclose(module.k(x), x.sum(axis=1, dtype=np.float64), rtol=1e-5)
