@@ -16,8 +16,9 @@ import tilegen
 from kina_frontend import KinaError
 from tilegen import config, pipeline
 from tilegen import loopir as L
-from tilegen.codegen import _UNARY_EMIT, KernelCodegen
+from tilegen.codegen import KernelCodegen
 from tilegen.loopir_verify import LoopIRVerifyError, verify_kernel
+from tilegen.unary_emit import UNARY_EMIT
 from tilegen.vecmath import MathLibrary
 
 LOOP_I, LOOP_J = L.Var("i"), L.Var("j")
@@ -89,6 +90,8 @@ BROKEN = {
     "'add' of i1 (no arithmetic on booleans)": _kernel(_loop(_store(L.Select(
         L.Binary("add", L.Binary("lt", _x(), _x(), L.BOOL), L.Binary("lt", _x(), _x(), L.BOOL),
                  L.BOOL), _x(), _x(), L.F32)))),
+    "the iterations of vector loop 'i' may touch one element": _kernel(_loop(
+        L.Store("o", (L.const(0),), L.const(0.0, L.F32)), kind="vector", width=4)),
     "gemm operand B reads index 'i'": _kernel(L.Gemm(
         "o", (L.Var("b"),), (1,), LOOP_I, LOOP_J, L.Var("k"), 2, 2, 4, _x(L.Var("k")),
         _x(LOOP_I), L.F32, L.GemmTiles(12, 32, 256, 96, 1024)),
@@ -134,7 +137,7 @@ def test_codegen_rejects_an_unknown_reduction():
 
 
 def test_every_unary_op_has_exactly_one_emitter():
-    assert set(_UNARY_EMIT) == set(L.UnaryOp)
+    assert set(UNARY_EMIT) == set(L.UnaryOp)
 
 
 def test_enum_members_equal_their_names():

@@ -181,14 +181,19 @@ def test_unrolled_tiles_have_no_loop_and_longer_runs_do():
     assert loop_block.search(_llvm_of(long))
 
 
+def _row_sums_kernel(rows: int, extent: int, width: int) -> L.Kernel:
+    """`o[row] = sum[r < extent vector<width>](x[row, r])` for each row."""
+    row, r = L.Var("row"), L.Var("r")
+    total = L.Reduce(L.ReduceOp.SUM, r, extent, L.Load("x", (row, r), L.F32), L.F32, width)
+    return L.Kernel("k", (L.Buffer("x", L.F32, (rows, extent), L.BufferRole.INPUT),
+                          L.Buffer("o", L.F32, (rows,), L.BufferRole.OUTPUT)),
+                    (L.For(row, rows, (L.Store("o", (row,), total),)),), ("x",), ("o",))
+
+
 def test_joint_reductions_are_printed_where_codegen_joins_them():
     from tilegen.emitplan import annotate
 
-    row, r = L.Var("row"), L.Var("r")
-    total = L.Reduce(L.ReduceOp.SUM, r, 32, L.Load("x", (row, r), L.F32), L.F32, 16)
-    kernel = L.Kernel("k", (L.Buffer("x", L.F32, (7, 32), L.BufferRole.INPUT),
-                            L.Buffer("o", L.F32, (7,), L.BufferRole.OUTPUT)),
-                      (L.For(row, 7, (L.Store("o", (row,), total),)),), ("x",), ("o",))
+    kernel = _row_sums_kernel(7, 32, 16)
     note = annotate(kernel)
     assert "joint sum reductions: 1 group(s) of 4 + a pair + a single trip" in note
     # Joined: the four accumulators meet in shuffles, not in one fadd reduction each.
@@ -226,3 +231,17 @@ def test_architecture_md_shows_the_stage_table():
 def test_readme_lists_every_stage_in_order():
     rows = _table_rows("README.md", "| `--emit` | prints |")
     assert [row[0] for row in rows] == [f"`{name}`" for name in stages.NAMES]
+
+
+def test_two_lane_row_sums_are_not_joined():
+    # Found by tests/test_reschedule.py: four 2-lane accumulators joined in one shuffle tree
+    # reached a zero-lane shuffle (invalid LLVM IR). Such loops now run trip by trip.
+    from tilegen.emitplan import annotate
+    from tilegen.loopfile import kernel_plan
+    from tilegen.runtime import jit_module
+
+    kernel = _row_sums_kernel(7, 9, 2)
+    assert "joint" not in annotate(kernel)
+    x = np.random.default_rng(5).standard_normal((7, 9)).astype(np.float32)
+    module = jit_module([kernel_plan(kernel, config.load())])
+    np.testing.assert_allclose(module.k(x), x.sum(axis=1, dtype=np.float64), rtol=1e-5)

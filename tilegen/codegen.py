@@ -20,6 +20,7 @@ from . import storage
 from .affine import to_affine
 from .emitplan import UNROLL_TRIPS, joint_reduction, tail_width
 from .frame import plan_frame
+from .unary_emit import UNARY_EMIT
 from .vecmath import MathLibrary
 
 I1 = ir.IntType(1)
@@ -162,38 +163,7 @@ def _const(dtype: str, value) -> ir.Constant:
     return ir.Constant(SCALAR_LLVM[dtype], int(value))
 
 
-def _neg(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
-    return cg.b.fneg(value) if dtype in L.FLOAT_TYPES else cg.b.neg(value)
-
-
-def _float_intrinsic(name: str):
-    def emit(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
-        return cg.b.call(cg._intrinsic(name, value.type, [value.type]), [value])
-    return emit
-
-
-def _abs(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
-    if dtype in L.FLOAT_TYPES:
-        return _float_intrinsic("llvm.fabs")(cg, value, dtype)
-    function = cg._intrinsic("llvm.abs", value.type, [value.type, I1])
-    return cg.b.call(function, [value, ir.Constant(I1, 0)])
-
-
-def _math(op: str):
-    def emit(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
-        return cg.math.call(cg.b, op, value)
-    return emit
-
-
-# How each unary op is emitted: (codegen, operand, dtype) -> value. An op missing here is an
-# error, never some other function (a name the math library happened to have).
-_UNARY_EMIT = {
-    L.UnaryOp.NEG: _neg,
-    L.UnaryOp.SQRT: _float_intrinsic("llvm.sqrt"),
-    L.UnaryOp.ABS: _abs,
-    L.UnaryOp.ROUND_BF16: lambda cg, value, dtype: storage.round_bf16(cg.b, value),
-    **{op: _math(op) for op in (L.UnaryOp.EXP, L.UnaryOp.LOG, L.UnaryOp.TANH, L.UnaryOp.ERF)},
-}
+# The ops `_binary` and `_reduce` have branches for; any other name is an error.
 _BINARY_OPS = frozenset(L.BinaryOp)
 _REDUCE_OPS = frozenset(L.ReduceOp)
 
@@ -842,10 +812,11 @@ class KernelCodegen:
         return Val(method(a, b), vector)
 
     def _unary(self, op: str, operand: Val, dtype: str) -> Val:
-        emit = _UNARY_EMIT.get(op)
+        emit = UNARY_EMIT.get(op)  # tilegen/unary_emit.py
         if emit is None:
             raise L.unknown_op("unary", op, L.UnaryOp)
-        return Val(emit(self, operand.value, dtype), operand.vector)
+        return Val(emit(self.b, operand.value, dtype, self._intrinsic, self.math),
+                   operand.vector)
 
     def _cast(self, value: Val, source: str, target: str) -> Val:
         ty = SCALAR_LLVM[target]

@@ -48,7 +48,9 @@ def joint_reduction(loop: L.For, in_tile: bool) -> L.Reduce | None:
     if len(reductions) != 1:
         return None
     (reduce,) = reductions
-    if reduce.op not in JOINT_REDUCTIONS or not reduce.vector_width or \
+    # Four accumulators fold into one vector of at least four lanes (two lanes would leave
+    # the shared shuffle tree a zero-lane step).
+    if reduce.op not in JOINT_REDUCTIONS or reduce.vector_width < 4 or \
             reduce.dtype not in L.FLOAT_TYPES:
         return None
     return reduce

@@ -52,7 +52,7 @@ def plans_from_text(source: Source, names: tuple[str, ...] | None = None,
                     options: config.Config | None = None) -> tuple[LoopPlan, ...]:
     """The verified kernels of a `.loops` file as plans (only `names`, when given)."""
     options = options or config.load()
-    kernels = parse_kernels(source.text, source.name)
+    kernels = parse_kernels(source.text, source.name, verify=True)
     seen = [k.name for k in kernels]
     duplicates = sorted({n for n in seen if seen.count(n) > 1})
     if duplicates:

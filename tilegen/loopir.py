@@ -13,8 +13,6 @@ import enum
 import json
 from dataclasses import dataclass, field
 
-from kina_frontend.diagnostics import KinaError
-
 # Scalar types of expressions.
 F32, F64, I64, BOOL = "f32", "f64", "i64", "i1"
 FLOAT_TYPES = (F32, F64)
@@ -108,8 +106,11 @@ REDUCE_OPS = tuple(ReduceOp)
 ELEMENT_BYTES = {F32: 4, F64: 8, I64: 8, BF16_STORAGE: 2, BOOL_STORAGE: 1}
 
 
-def unknown_op(kind: str, op: str, known: type[enum.Enum]) -> KinaError:
-    """The error for an op name outside its enum, raised by whoever dispatches on it."""
+def unknown_op(kind: str, op: str, known: type[enum.Enum]):
+    """The error (a KinaError) for an op name outside its enum, raised by whoever
+    dispatches on it."""
+    from kina_frontend.diagnostics import KinaError  # the IR itself imports no front end
+
     return KinaError("lowering", f"internal error: unknown {kind} op {str(op)!r} in the loop "
                      f"IR (known: {', '.join(m.value for m in known)})", None)
 

@@ -12,9 +12,10 @@ any kernel (lowered, after each pass, or read from a `.loops` file).
   `i1`, indices are `i64`, a store's value has its buffer's value type);
 - schedules: a vector loop's width and a vectorised reduction's are powers of two from 2 to
   64, thread counts at least 1, loop extents at least 1; only sum/max/maxnum run in vector
-  tiles; inside a tile no parallel loop and no store of a lane-varying value to one element;
-  a gemm is a top-level statement whose A operand reads only (batch, i, k), its B operand
-  (batch, k, j);
+  tiles; a vector or parallel loop's iterations touch disjoint elements where one writes
+  (the dependence test of tilegen/dependence.py); inside a tile no parallel loop and no
+  store of a lane-varying value to one element; a gemm is a top-level statement whose A
+  operand reads only (batch, i, k), its B operand (batch, k, j);
 - bounds: an index component that is affine in loop and reduction variables (no loads or
   opaque terms) lies within its dimension over the whole iteration space; id checks name a
   check site of the kernel with a position of the site's rank.
@@ -32,6 +33,7 @@ from kina_frontend.diagnostics import KinaError, Span
 
 from . import loopir as L
 from .affine import to_affine, value_range
+from .dependence import independent
 
 _FLOAT_ONLY_UNARY = {L.UnaryOp.EXP, L.UnaryOp.LOG, L.UnaryOp.SQRT, L.UnaryOp.TANH,
                      L.UnaryOp.ERF}
@@ -211,6 +213,11 @@ class _Verifier:
         self.scope.frames.pop()
         self.lane, self.varying = saved
         self.stmt = loop
+        split = loop.kind == L.LoopKind.VECTOR or (loop.kind == L.LoopKind.PARALLEL and
+                                                   loop.width > 1)
+        if split and not independent(loop, loop.var.name):
+            raise self.fail(f"the iterations of {loop.kind} loop {loop.var.name!r} may touch "
+                            f"one element, one of them writing (tilegen/dependence.py)")
 
     def lane_dependent(self, expr: L.Expr) -> bool:
         if self.lane is None:
