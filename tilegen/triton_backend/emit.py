@@ -103,6 +103,7 @@ class ProgramEmitter:
         # accumulator is one of them, read by nothing else, accumulates in place
         self.carried_args = {arg.id for op in walk(program.body) if op.name == "scf.for"
                              for arg in op.regions[0].args[1:]}
+        self.deferred_dots: dict[int, object] = {}  # dot result id -> kloop.DeferredDot
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
@@ -415,6 +416,15 @@ class ProgramEmitter:
         sources = (self.env[op.operands[0].id], self.env[op.operands[1].id])
         self._keep(result, Lazy(result.type, "addptr", sources, op, payload=size,
                                 cost=1 + sum(_cost(s) for s in sources)))
+
+    def splat_lazy(self, scalar: ir.Value, shape: tuple[int, ...]) -> Lazy:
+        elem = f"i{scalar.type.width}"
+        return Lazy(TileType(elem, shape), "splat", payload=scalar)
+
+    def lazy_addptr(self, pointers, offsets, size: int) -> Lazy:
+        """pointers + offsets (elements of `size` bytes), computed where it is read."""
+        return Lazy(pointers.type, "addptr", (pointers, offsets), payload=size,
+                    cost=1 + _cost(pointers) + _cost(offsets))
 
     def _advance(self, pointer, offset, size: int, width: int) -> ir.Value:
         if offset.type != of_width(I64, width):
