@@ -9,6 +9,8 @@ TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlin
                      (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
+TILEGEN_TRITON_DISABLE  1: the Triton backend's driver reports itself inactive, so Triton
+                     does not pick tilegen (docs/triton.md); read when Triton asks
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -71,3 +73,9 @@ def load() -> Config:
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
                   max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))
+
+
+def triton_disabled() -> bool:
+    """TILEGEN_TRITON_DISABLE: not a compile option (it decides whether Triton's driver
+    is ours at all), so it is not part of `Config`."""
+    return _flag("TILEGEN_TRITON_DISABLE", False)

@@ -32,6 +32,7 @@ from .elementwise import (
     I64,
     PTR,
     Elementwise,
+    bf16_bits,
     of_width,
     scalar_type,
     splat_constant,
@@ -174,12 +175,21 @@ class ProgramEmitter:
                 self._view(op)
             elif name in _IGNORED:
                 pass
+            elif name.startswith("cf."):
+                raise self.fail(op, "unstructured control flow (an early `return` inside "
+                                    "`if`) is not supported; put the rest of the kernel "
+                                    "under `else:`")
             else:
                 raise self.fail(op, "this op is not supported by the tilegen backend")
         except TileError as error:
             if op.where(self.program.name) in str(error):
                 raise
             raise self.fail(op, str(error)) from None
+        except (ValueError, TypeError, KeyError, IndexError, AssertionError,
+                NotImplementedError, AttributeError) as error:
+            # a case the lowering does not handle: name the op, keep the cause chained
+            raise self.fail(op, f"the tilegen backend cannot lower this op "
+                                f"({type(error).__name__}: {error})") from error
 
     # ---- frame and chunks -----------------------------------------------------------------
 
@@ -389,6 +399,8 @@ class ProgramEmitter:
     def constant(self, op: Op) -> None:
         result = op.result
         value = op.attr("value")
+        if result.type.elem == "bf16":  # bf16 values are their bits (elementwise.py)
+            value = bf16_bits(value)
         if not result.type.shape:
             self.env[result.id] = splat_constant(scalar_type(result.type.elem), value,
                                                  self.region_width)
