@@ -134,3 +134,28 @@ def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
     torch.testing.assert_close(c.float(), (a @ b).half().float(), rtol=2e-3, atol=2e-3)
     assert seen["advancing"] == [[0, 1]] and seen["deferred"] == [1]
     assert "tilegen.gemm.f32.8x32.s256" in compiled.asm["llir"]
+
+
+@triton.jit
+def carried_tiles(x_ptr, out_ptr, steps, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    a = tl.load(x_ptr + r)
+    b = tl.load(x_ptr + BLOCK + r)
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for _ in range(steps):
+        total += a * b  # reads other slots, writes its own: computed in place
+        a, b = b * 0.5, a + b  # each reads the other's old value: not in place
+    tl.store(out_ptr + r, a)
+    tl.store(out_ptr + BLOCK + r, b)
+    tl.store(out_ptr + 2 * BLOCK + r, total)
+
+
+def test_carried_tiles_updated_in_place_only_when_safe():
+    x = torch.randn(64)
+    out = torch.empty(96)
+    carried_tiles[(1,)](x, out, 5, BLOCK=32)
+    a, b, total = x[:32].clone(), x[32:].clone(), torch.zeros(32)
+    for _ in range(5):
+        total += a * b
+        a, b = b * 0.5, a + b
+    torch.testing.assert_close(out, torch.cat([a, b, total]))

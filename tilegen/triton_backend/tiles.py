@@ -321,11 +321,15 @@ class _Carried:
 
     def assign(self, values: list) -> None:
         e = self.e
-        pending = []
+        pending, in_place = [], []
         tile_offsets = {slot.offset for slot in self.slots if hasattr(slot, "offset")}
         for slot, value, type_ in zip(self.slots, values, self.types, strict=True):
             if not type_.shape:
                 pending.append((slot, value))
+                continue
+            if not hasattr(value, "offset") and \
+                    _same_index_only(value, slot.offset, tile_offsets):
+                in_place.append((slot, value))  # `acc += x`: computed into its own slot
                 continue
             if not hasattr(value, "offset"):  # lazy: read it before any slot changes
                 value = e.materialize(value)
@@ -336,6 +340,9 @@ class _Carried:
                 _copy(e, value, temporary)
                 value = temporary
             pending.append((slot, value))
+        for slot, value in in_place:
+            e.chunks(slot.type, lambda index, width, slot=slot, value=value: e.store_chunk(
+                slot, index, e.load_chunk(value, index, width)))
         for slot, value in pending:
             if hasattr(slot, "offset"):
                 _copy(e, value, slot)
@@ -345,6 +352,22 @@ class _Carried:
     def read(self) -> list:
         return [slot if hasattr(slot, "offset") else self.e.b.load(slot)
                 for slot in self.slots]
+
+
+def _same_index_only(lazy, own: int, slots: set[int]) -> bool:
+    """Whether chunk i of `lazy` reads its own slot only at chunk i (elementwise chains,
+    views) and no other carried slot, so it may be written into its slot chunk by chunk."""
+    if hasattr(lazy, "offset"):
+        return lazy.offset == own or lazy.offset not in slots
+    if lazy.kind == "broadcast":  # reads other positions of its source
+        return _reads_no_slot(lazy, slots)
+    return all(_same_index_only(operand, own, slots) for operand in lazy.operands)
+
+
+def _reads_no_slot(lazy, slots: set[int]) -> bool:
+    if hasattr(lazy, "offset"):
+        return lazy.offset not in slots
+    return all(_reads_no_slot(operand, slots) for operand in lazy.operands)
 
 
 def _copy(e, source, target) -> None:
