@@ -76,6 +76,10 @@ class Lazy:
 
 # Lazy values above this cost are stored once rather than recomputed by each reader.
 LAZY_COST_LIMIT = 24
+# A lazy value with several readers is stored once above this cost: recomputing a mask
+# such as `cols < N` (two vector ops a chunk) is cheaper than storing it as bytes and
+# turning each read back into a lane mask.
+SHARED_COST_LIMIT = 3
 _EXPENSIVE = ("math.exp", "math.log", "math.exp2", "math.log2", "math.sqrt", "math.rsqrt",
               "arith.divf", "tt.extern_elementwise", "math.erf", "arith.divsi", "arith.remsi",
               "arith.divui", "arith.remui", "tt.precise_divf", "tt.precise_sqrt")
@@ -241,7 +245,7 @@ class ProgramEmitter:
         """Bind `result` to `lazy`, or to its stored tile when recomputing it per reader
         would cost more than storing it."""
         readers = self.uses.get(result.id, 0)
-        if lazy.cost > LAZY_COST_LIMIT or (readers > 1 and lazy.cost > 1):
+        if lazy.cost > LAZY_COST_LIMIT or (readers > 1 and lazy.cost > SHARED_COST_LIMIT):
             self.env[result.id] = self.materialize(lazy)
         else:
             self.env[result.id] = lazy
