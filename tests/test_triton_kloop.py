@@ -106,10 +106,16 @@ def test_advancing_pointer_tile_inside_and_after_the_loop(steps, stride):
 
 
 def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
-    """The tutorial's loop advances both pointer tiles uniformly and its dot is deferred
-    over 256-deep packed groups (8 trips of BLOCK_SIZE_K = 32)."""
-    seen = {"advancing": [], "deferred": []}
+    """The tutorial's loop advances both pointer tiles uniformly, its dot is deferred over
+    256-deep packed groups (8 trips of BLOCK_SIZE_K = 32), and its loads fill the packs."""
+    seen = {"advancing": [], "deferred": [], "packed loads": []}
     advancing, deferrable = kloop.advancing_pointers, kloop.deferrable_dots
+    packed_loads = kloop._packed_loads
+
+    def spy_packed_loads(e, loop, op):
+        found = packed_loads(e, loop, op)
+        seen["packed loads"].append(len(found))
+        return found
 
     def spy_advancing(e, loop):
         found = advancing(e, loop)
@@ -123,6 +129,7 @@ def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
 
     monkeypatch.setattr(kloop, "advancing_pointers", spy_advancing)
     monkeypatch.setattr(kloop, "deferrable_dots", spy_deferrable)
+    monkeypatch.setattr(kloop, "_packed_loads", spy_packed_loads)
     monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
     a, b = torch.randn(300, 200), torch.randn(200, 130)
     c = torch.empty((300, 130), dtype=torch.float16)
@@ -133,6 +140,7 @@ def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
                                       ACTIVATION="", **config)
     torch.testing.assert_close(c.float(), (a @ b).half().float(), rtol=2e-3, atol=2e-3)
     assert seen["advancing"] == [[0, 1]] and seen["deferred"] == [1]
+    assert seen["packed loads"] == [2]  # a and b are loaded straight into the packs
     assert "tilegen.gemm.f32.8x32.s256" in compiled.asm["llir"]
 
 

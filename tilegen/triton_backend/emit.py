@@ -109,6 +109,8 @@ class ProgramEmitter:
         self.carried_args = {arg.id for op in walk(program.body) if op.name == "scf.for"
                              for arg in op.regions[0].args[1:]}
         self.deferred_dots: dict[int, object] = {}  # dot result id -> kloop.DeferredDot
+        # loaded tiles stored elsewhere than a tile of their own: id -> store(index, chunk)
+        self.load_sinks: dict[int, object] = {}
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")

@@ -21,7 +21,7 @@ accumulator between flushes: the loop's result is read only after the final flus
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
@@ -113,9 +113,10 @@ class DeferredDot:
     group: int
     nr: int
     mr: int
+    loaded_packed: frozenset = frozenset()  # operand ids whose loads fill the packs
 
 
-def start(e, op: Op, accumulator) -> DeferredDot:
+def start(e, loop: Op, op: Op, accumulator) -> DeferredDot:
     """Before the loop: the pack buffers and a zero trip counter."""
     from ..gemm import LANES
 
@@ -132,7 +133,47 @@ def start(e, op: Op, accumulator) -> DeferredDot:
     pack_b = e.alloc(TileType(elem, (panels, group * depth, nr)))
     counter = e.entry_alloca(I64)
     e.b.store(_const(0), counter)
-    return DeferredDot(op, accumulator, pack_a, pack_b, counter, group, nr, mr)
+    plan = DeferredDot(op, accumulator, pack_a, pack_b, counter, group, nr, mr)
+    direct = _packed_loads(e, loop, op)
+    for operand in direct:
+        e.load_sinks[operand.id] = _sink(e, plan, operand is a_value)
+    return replace(plan, loaded_packed=frozenset(v.id for v in direct))
+
+
+def _packed_loads(e, loop: Op, op: Op) -> list:
+    """The dot's operands that are loads in the loop body read by nothing but the dot,
+    already of the accumulator's type: their chunks are stored straight into the packs."""
+    defined = {result.id: body_op for body_op in loop.regions[0].ops
+               for result in body_op.results}
+    found = []
+    for operand in op.operands[:2]:  # (dot(x, x) reads x twice: not a single reader)
+        source = defined.get(operand.id)
+        if source is not None and source.name == "tt.load" and \
+                e.uses.get(operand.id) == 1 and operand.type.elem == op.result.type.elem:
+            found.append(operand)
+    return found
+
+
+def _sink(e, plan: DeferredDot, is_a: bool):
+    """store(flat index, chunk) of a loaded `a` (or `b`) tile into this trip's place in
+    the packed A (or B panels); a chunk never crosses a row or a panel."""
+    a_value, b_value = plan.op.operands[:2]
+    depth = a_value.type.shape[1]
+    n = b_value.type.shape[-1]
+    kc = plan.group * depth
+
+    def store(index, chunk):
+        column0 = e.b.mul(e.b.load(plan.counter), _const(depth))
+        if is_a:
+            row, column = e.b.udiv(index, _const(depth)), e.b.urem(index, _const(depth))
+            at = e.b.add(e.b.add(e.b.mul(row, _const(kc)), column0), column)
+            e.store_chunk(plan.pack_a, at, chunk)
+            return
+        kk, j = e.b.udiv(index, _const(n)), e.b.urem(index, _const(n))
+        panel, lane = e.b.udiv(j, _const(plan.nr)), e.b.urem(j, _const(plan.nr))
+        row = e.b.add(e.b.add(e.b.mul(panel, _const(kc)), column0), kk)
+        e.store_chunk(plan.pack_b, e.b.add(e.b.mul(row, _const(plan.nr)), lane), chunk)
+    return store
 
 
 def add(e, plan: DeferredDot, op: Op) -> None:
@@ -171,8 +212,10 @@ def add(e, plan: DeferredDot, op: Op) -> None:
                                   e.b.add(source, _const(p * plan.nr + part)), b_width)
                 e.store_chunk(plan.pack_b, e.b.add(target, _const(part)), chunk)
 
-    e.loop(m, pack_a_row, unroll=False)
-    e.loop(depth, pack_b_row, unroll=False)
+    if a_value.id not in plan.loaded_packed:
+        e.loop(m, pack_a_row, unroll=False)
+    if b_value.id not in plan.loaded_packed:
+        e.loop(depth, pack_b_row, unroll=False)
     packed = e.b.add(slot, _const(1))
     full = e.b.icmp_signed("==", packed, _const(plan.group))
     with e.b.if_else(full) as (then, otherwise):

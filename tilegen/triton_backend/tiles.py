@@ -384,7 +384,7 @@ def scf_for(e, op) -> None:
     deferred = []
     for dot_op in kloop.deferrable_dots(e, op):
         position = [arg.id for arg in body.args[1:]].index(dot_op.operands[2].id)
-        plan = kloop.start(e, dot_op, carried.slots[position])
+        plan = kloop.start(e, op, dot_op, carried.slots[position])
         e.deferred_dots[dot_op.result.id] = plan
         deferred.append(plan)
     # advancing pointer tiles: the slot keeps the initial tile, an alloca the offset
