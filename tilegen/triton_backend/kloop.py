@@ -13,7 +13,8 @@ micro-kernel once per step would load and store the whole accumulator tile (larg
 L1) every step. When the loop-carried accumulator is read by nothing but that dot and the
 dot's result by nothing but the yield, the dot is deferred: each trip copies its `a`
 into a packed A (rows x KC, row-major) and its `b` into packed B panels (KC x nr each,
-converted to the accumulator type on the way), and every `group` trips, and once after
+converted to the accumulator type on the way; a load read only by the dot stores its
+chunks there itself), and every `group` trips, and once after
 the loop, the micro-kernel runs over the packed depth with its accumulators in registers
 (KC = `group` x BLOCK_K, about 256 as tilegen's gemm's kc). Nothing can observe the
 accumulator between flushes: the loop's result is read only after the final flush.
