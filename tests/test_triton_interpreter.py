@@ -22,9 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Runs the same kernels on the same inputs in whichever mode the process is in.
 RUNNER = r'''
-import sys, torch, triton
+import sys
 if __name__ == "__main__":  # in the child; exec'd in pytest, the repository is on the path
+    # before triton: importing it imports the backends its entry points name (ours too)
     sys.path.insert(0, sys.argv[2])
+import torch, triton
 import tests.test_triton_tutorials as T
 import tests.test_triton_tutorials_2 as T2
 import tests.test_triton_ops as T3

@@ -22,6 +22,8 @@ TILEGEN_VERIFY       1: run the tensor-IR verifier on each prepared function and
 TILEGEN_FUSED_ATTENTION  auto (default): softmax(q k^T ...) @ v runs as one blocked
                      online-softmax nest (tilegen/attention.py) when a head's score matrix
                      has at least 64 x 64 elements; always: at any size; never: unfused
+TILEGEN_TRITON_DISABLE  1: the Triton backend's driver reports itself inactive, so Triton
+                     does not pick tilegen (docs/triton.md); read when Triton asks
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -107,3 +109,9 @@ def load() -> Config:
                   verify=_flag("TILEGEN_VERIFY", False),
                   fused_attention=_choice("TILEGEN_FUSED_ATTENTION", ("auto", "always",
                                                                       "never")))
+
+
+def triton_disabled() -> bool:
+    """TILEGEN_TRITON_DISABLE: not a compile option (it decides whether Triton's driver
+    is ours at all), so it is not part of `Config`."""
+    return _flag("TILEGEN_TRITON_DISABLE", False)

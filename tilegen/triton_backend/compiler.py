@@ -13,6 +13,8 @@ from types import ModuleType
 from triton._C.libtriton import ir, passes
 from triton.backends.compiler import BaseBackend, GPUTarget, Language
 
+from .tileir import TileError
+
 BACKEND_NAME = "tilegen"
 
 
@@ -114,7 +116,8 @@ class TilegenBackend(BaseBackend):
 
     def add_stages(self, stages: dict, options: TilegenOptions, language: Language) -> None:
         if language != Language.TRITON:
-            raise NotImplementedError("the tilegen backend compiles Triton kernels, not Gluon")
+            raise TileError(f"the tilegen backend compiles Triton kernels, not {language.name} "
+                            "ones (Gluon kernels are written for GPU layouts)")
         stages["ttir"] = lambda src, metadata: self.make_ttir(src, metadata, options)
         stages["ttile"] = lambda src, metadata: self.make_ttile(src, metadata, options)
         stages["llir"] = lambda src, metadata: self.make_llir(src, metadata, options)

@@ -17,6 +17,7 @@ from triton.backends.driver import DriverBase, decompose_descriptor
 
 from .. import target as host
 from .compiler import BACKEND_NAME
+from .tileir import TileError
 
 _LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
@@ -68,6 +69,12 @@ def num_threads() -> int:
     return max(1, load_config().num_threads)
 
 
+def _defined_at(fn) -> str:
+    """` at file:line` of a JITFunction's `def`, when Python can tell."""
+    code = getattr(getattr(fn, "fn", None), "__code__", None)
+    return f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+
+
 class TilegenLauncher:
     """Called by Triton as `run(gx, gy, gz, stream, function, packed_metadata,
     launch_metadata, enter_hook, exit_hook, *args)` with the kernel's Python arguments
@@ -90,9 +97,10 @@ class TilegenLauncher:
                 self.kinds.append(kind)  # host-side TensorDescriptor: its decomposed form
                 continue
             if isinstance(kind, tuple) or not isinstance(kind, str):
-                raise NotImplementedError(
-                    f"kernel `{metadata.name}`: argument `{name}` of type {kind} is not "
-                    "supported by the tilegen backend (pass tensors and scalars)")
+                raise TileError(
+                    f"kernel `{metadata.name}`{_defined_at(fn)}: argument `{name}` of type "
+                    f"{kind} is not supported by the tilegen backend (pass tensors and "
+                    "scalars, not tuples)")
             self.kinds.append(kind)
         self.name = metadata.name
         self.frame_bytes = metadata.tilegen_frame_bytes
@@ -246,7 +254,9 @@ class TilegenDriver(DriverBase):
     def is_active() -> bool:
         """Active unless disabled, or unless another backend's device is (a CUDA or ROCm
         machine keeps its GPU by default; TRITON_DEFAULT_BACKEND=tilegen selects us)."""
-        if os.environ.get("TILEGEN_TRITON_DISABLE", "") == "1":
+        from ..config import triton_disabled  # lazily: Triton imports us at its own import
+
+        if triton_disabled():
             return False
         selected = os.environ.get("TRITON_DEFAULT_BACKEND", "")
         if selected:

@@ -8,6 +8,8 @@ other transcendental functions use LLVM's intrinsics or libm, one call per lane.
 
 from __future__ import annotations
 
+import struct
+
 from llvmlite import ir
 
 from ..vecmath import MathLibrary
@@ -137,6 +139,8 @@ class Elementwise:
     def emit(self, b: ir.IRBuilder, name: str, attrs, args: list[ir.Value],
              arg_elems: list[str], result_elem: str) -> ir.Value:
         width = args[0].type.count if isinstance(args[0].type, ir.VectorType) else 0
+        if "bf16" in arg_elems and name not in _CASTS and name != "arith.select":
+            return self._bf16(b, name, attrs, args, arg_elems, result_elem, width)
         result_ty = of_width(scalar_type(result_elem), width)
         if name in _INT_BINARY:
             return getattr(b, _INT_BINARY[name])(args[0], args[1])
@@ -194,6 +198,16 @@ class Elementwise:
         if name in _CASTS:
             return self._cast(b, name, args[0], arg_elems[0], result_elem, result_ty)
         raise TileError(f"no elementwise rule for {name}")
+
+    def _bf16(self, b, name, attrs, args, arg_elems, result_elem, width) -> ir.Value:
+        """bf16 arithmetic as torch does it on the CPU: in f32, each result rounded to
+        bf16 (to nearest even)."""
+        wide = [bf16_to_f32(b, arg, width) if elem == "bf16" else arg
+                for arg, elem in zip(args, arg_elems, strict=True)]
+        elems = ["f32" if elem == "bf16" else elem for elem in arg_elems]
+        if result_elem != "bf16":
+            return self.emit(b, name, attrs, wide, elems, result_elem)
+        return f32_to_bf16(b, self.emit(b, name, attrs, wide, elems, "f32"), width)
 
     def _exp_log(self, b: ir.IRBuilder, op: str, value: ir.Value) -> ir.Value:
         ty = value.type
@@ -311,6 +325,14 @@ class Elementwise:
 def bf16_to_f32(b: ir.IRBuilder, bits: ir.Value, width: int) -> ir.Value:
     wide = b.shl(b.zext(bits, of_width(I32, width)), splat_constant(I32, 16, width))
     return b.bitcast(wide, of_width(ir.FloatType(), width))
+
+
+def bf16_bits(value: float) -> int:
+    """A constant's bf16 bits, rounded from f32 to nearest even as f32_to_bf16 rounds."""
+    if value != value:
+        return 0x7FC0
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
 
 def f32_to_bf16(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:

@@ -32,6 +32,7 @@ from .elementwise import (
     I64,
     PTR,
     Elementwise,
+    bf16_bits,
     of_width,
     scalar_type,
     splat_constant,
@@ -75,6 +76,10 @@ class Lazy:
 
 # Lazy values above this cost are stored once rather than recomputed by each reader.
 LAZY_COST_LIMIT = 24
+# A lazy value with several readers is stored once above this cost: recomputing a mask
+# such as `cols < N` (two vector ops a chunk) is cheaper than storing it as bytes and
+# turning each read back into a lane mask.
+SHARED_COST_LIMIT = 3
 _EXPENSIVE = ("math.exp", "math.log", "math.exp2", "math.log2", "math.sqrt", "math.rsqrt",
               "arith.divf", "tt.extern_elementwise", "math.erf", "arith.divsi", "arith.remsi",
               "arith.divui", "arith.remui", "tt.precise_divf", "tt.precise_sqrt")
@@ -103,6 +108,9 @@ class ProgramEmitter:
         # accumulator is one of them, read by nothing else, accumulates in place
         self.carried_args = {arg.id for op in walk(program.body) if op.name == "scf.for"
                              for arg in op.regions[0].args[1:]}
+        self.deferred_dots: dict[int, object] = {}  # dot result id -> kloop.DeferredDot
+        # loaded tiles stored elsewhere than a tile of their own: id -> store(index, chunk)
+        self.load_sinks: dict[int, object] = {}
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
@@ -173,12 +181,21 @@ class ProgramEmitter:
                 self._view(op)
             elif name in _IGNORED:
                 pass
+            elif name.startswith("cf."):
+                raise self.fail(op, "unstructured control flow (an early `return` inside "
+                                    "`if`) is not supported; put the rest of the kernel "
+                                    "under `else:`")
             else:
                 raise self.fail(op, "this op is not supported by the tilegen backend")
         except TileError as error:
             if op.where(self.program.name) in str(error):
                 raise
             raise self.fail(op, str(error)) from None
+        except (ValueError, TypeError, KeyError, IndexError, AssertionError,
+                NotImplementedError, AttributeError) as error:
+            # a case the lowering does not handle: name the op, keep the cause chained
+            raise self.fail(op, f"the tilegen backend cannot lower this op "
+                                f"({type(error).__name__}: {error})") from error
 
     # ---- frame and chunks -----------------------------------------------------------------
 
@@ -230,7 +247,7 @@ class ProgramEmitter:
         """Bind `result` to `lazy`, or to its stored tile when recomputing it per reader
         would cost more than storing it."""
         readers = self.uses.get(result.id, 0)
-        if lazy.cost > LAZY_COST_LIMIT or (readers > 1 and lazy.cost > 1):
+        if lazy.cost > LAZY_COST_LIMIT or (readers > 1 and lazy.cost > SHARED_COST_LIMIT):
             self.env[result.id] = self.materialize(lazy)
         else:
             self.env[result.id] = lazy
@@ -388,6 +405,8 @@ class ProgramEmitter:
     def constant(self, op: Op) -> None:
         result = op.result
         value = op.attr("value")
+        if result.type.elem == "bf16":  # bf16 values are their bits (elementwise.py)
+            value = bf16_bits(value)
         if not result.type.shape:
             self.env[result.id] = splat_constant(scalar_type(result.type.elem), value,
                                                  self.region_width)
@@ -415,6 +434,15 @@ class ProgramEmitter:
         sources = (self.env[op.operands[0].id], self.env[op.operands[1].id])
         self._keep(result, Lazy(result.type, "addptr", sources, op, payload=size,
                                 cost=1 + sum(_cost(s) for s in sources)))
+
+    def splat_lazy(self, scalar: ir.Value, shape: tuple[int, ...]) -> Lazy:
+        elem = f"i{scalar.type.width}"
+        return Lazy(TileType(elem, shape), "splat", payload=scalar)
+
+    def lazy_addptr(self, pointers, offsets, size: int) -> Lazy:
+        """pointers + offsets (elements of `size` bytes), computed where it is read."""
+        return Lazy(pointers.type, "addptr", (pointers, offsets), payload=size,
+                    cost=1 + _cost(pointers) + _cost(offsets))
 
     def _advance(self, pointer, offset, size: int, width: int) -> ir.Value:
         if offset.type != of_width(I64, width):

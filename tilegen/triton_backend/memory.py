@@ -81,7 +81,9 @@ def load(e, op) -> None:
     # an unknown stride (runtime strides, `% M` wrap-around offsets) is tested per chunk:
     # a run of consecutive addresses is read as one vector
     dynamic = stride is None and chunk_width(result.type) >= 4
-    out = e.alloc(result.type)
+    # a K loop's operand goes straight into its packed buffer (kloop.py)
+    sink = e.load_sinks.get(result.id)
+    out = sink if sink is not None else e.alloc(result.type)
     addresses = e.env[pointer.id]
     masks = e.env[mask.id] if mask is not None else None
     others = e.env[other.id] if other is not None else None
@@ -129,7 +131,7 @@ def load(e, op) -> None:
                 raw.add_incoming(gathered_raw, gather_block)
             else:
                 raw = gather(chunk, lane_mask, passthru, vector_ty, width)
-        e.store_chunk(out, index, _to_value(e, raw, elem))
+        _put(e, out, index, _to_value(e, raw, elem))
 
     if _column_contiguous(e, pointer, result.type, align):
         _transposing_load(e, result.type, out, addresses, masks, others, memory_ty, align,
@@ -137,6 +139,14 @@ def load(e, op) -> None:
     else:
         e.chunks(result.type, body)
     e.env[result.id] = out
+
+
+def _put(e, out, index, value) -> None:
+    """Store a loaded chunk into the load's tile, or through its sink (a callable)."""
+    if callable(out):
+        out(index, value)
+    else:
+        e.store_chunk(out, index, value)
 
 
 def _column_contiguous(e, pointer, type_, size: int) -> bool:
@@ -181,7 +191,7 @@ def _transposing_load(e, type_, out, addresses, masks, others, memory_ty, align,
             e.check_bounds(e.current_op, address, lane_mask, width, align, contiguous=True)
             column_vectors.append(vector_load(address, lane_mask, passthru, vector_ty))
         for k, row in enumerate(_transpose(e.b, column_vectors)):
-            e.store_chunk(out, e.b.add(base, ir.Constant(I64, k * columns)),
+            _put(e, out, e.b.add(base, ir.Constant(I64, k * columns)),
                           _to_value(e, row, elem))
 
     e.loop(outer, lambda o: e.loop(rows // width, lambda rb: e.loop(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from . import kloop
 from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
-from .tileir import FLOAT_ELEMS, TileType
+from .tileir import TileType, element_bytes
 
 
 def _const(value: int) -> ir.Constant:
@@ -162,10 +163,11 @@ def dot(e, op) -> None:
     stride, b is packed into nr-wide panels (converted to the accumulator type on the way,
     f16/bf16 included), and each mr x nr block of d is one call. Other products use the
     register-blocked loop below."""
-    a_value, b_value, c_value = op.operands[:3]
-    result = op.result.type.elem
-    if len(a_value.type.shape) == 2 and result in ("f32", "f64") and \
-            a_value.type.elem in FLOAT_ELEMS and b_value.type.elem in FLOAT_ELEMS:
+    deferred = e.deferred_dots.get(op.result.id)
+    if deferred is not None:  # a K loop's accumulation (kloop.py)
+        kloop.add(e, deferred, op)
+        return
+    if kloop.micro_kernel_dot(op):
         _dot_micro_kernel(e, op)
         return
     _dot_blocked(e, op)
@@ -228,22 +230,8 @@ def _dot_micro_kernel(e, op) -> None:
         e.loop(panels, lambda p: e.loop(k_extent, lambda kk: pack(p, kk), unroll=False),
                unroll=False)
     kernel = micro_kernel_function(e.module, dtype, mr, nr, k_extent)
-    first = ir.Constant(ir.IntType(1), 1 if zero_start else 0)
-
-    def block(p, row_block):
-        row0 = e.b.mul(row_block, _const(mr))
-        column0 = e.b.mul(p, _const(nr))
-        rows = e.b.sub(_const(m), row0)
-        rows = e.b.select(e.b.icmp_signed("<", rows, _const(mr)), rows, _const(mr))
-        columns = e.b.sub(_const(n), column0)
-        columns = e.b.select(e.b.icmp_signed("<", columns, _const(nr)), columns, _const(nr))
-        e.b.call(kernel, [e.address(a, e.b.mul(row0, _const(k_extent))),
-                          e.address(packed, e.b.mul(p, _const(k_extent * nr))),
-                          _const(k_extent),
-                          e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
-                          _const(n), rows, columns, first])
-    e.loop(panels, lambda p: e.loop(-(-m // mr), lambda r: block(p, r), unroll=False),
-           unroll=False)
+    kloop.micro_kernel_blocks(e, kernel, (a, packed, out), (m, n, mr, nr), k_extent,
+                              _const(k_extent), 1 if zero_start else 0)
     e.env[op.result.id] = out
 
 
@@ -333,11 +321,15 @@ class _Carried:
 
     def assign(self, values: list) -> None:
         e = self.e
-        pending = []
+        pending, in_place = [], []
         tile_offsets = {slot.offset for slot in self.slots if hasattr(slot, "offset")}
         for slot, value, type_ in zip(self.slots, values, self.types, strict=True):
             if not type_.shape:
                 pending.append((slot, value))
+                continue
+            if not hasattr(value, "offset") and \
+                    _same_index_only(value, slot.offset, tile_offsets):
+                in_place.append((slot, value))  # `acc += x`: computed into its own slot
                 continue
             if not hasattr(value, "offset"):  # lazy: read it before any slot changes
                 value = e.materialize(value)
@@ -348,6 +340,9 @@ class _Carried:
                 _copy(e, value, temporary)
                 value = temporary
             pending.append((slot, value))
+        for slot, value in in_place:
+            e.chunks(slot.type, lambda index, width, slot=slot, value=value: e.store_chunk(
+                slot, index, e.load_chunk(value, index, width)))
         for slot, value in pending:
             if hasattr(slot, "offset"):
                 _copy(e, value, slot)
@@ -357,6 +352,22 @@ class _Carried:
     def read(self) -> list:
         return [slot if hasattr(slot, "offset") else self.e.b.load(slot)
                 for slot in self.slots]
+
+
+def _same_index_only(lazy, own: int, slots: set[int]) -> bool:
+    """Whether chunk i of `lazy` reads its own slot only at chunk i (elementwise chains,
+    views) and no other carried slot, so it may be written into its slot chunk by chunk."""
+    if hasattr(lazy, "offset"):
+        return lazy.offset == own or lazy.offset not in slots
+    if lazy.kind == "broadcast":  # reads other positions of its source
+        return _reads_no_slot(lazy, slots)
+    return all(_same_index_only(operand, own, slots) for operand in lazy.operands)
+
+
+def _reads_no_slot(lazy, slots: set[int]) -> bool:
+    if hasattr(lazy, "offset"):
+        return lazy.offset not in slots
+    return all(_reads_no_slot(operand, slots) for operand in lazy.operands)
 
 
 def _copy(e, source, target) -> None:
@@ -370,16 +381,50 @@ def scf_for(e, op) -> None:
     carried = _Carried(e, [v.type for v in op.operands[3:]])
     carried.assign([e.env[v.id] for v in op.operands[3:]])
     index_ty = lower.type
+    deferred = []
+    for dot_op in kloop.deferrable_dots(e, op):
+        position = [arg.id for arg in body.args[1:]].index(dot_op.operands[2].id)
+        plan = kloop.start(e, op, dot_op, carried.slots[position])
+        e.deferred_dots[dot_op.result.id] = plan
+        deferred.append(plan)
+    # advancing pointer tiles: the slot keeps the initial tile, an alloca the offset
+    advancing = kloop.advancing_pointers(e, op)
+    offsets = {}
+    for position in advancing:
+        offsets[position] = e.entry_alloca(I64)
+        e.b.store(_const(0), offsets[position])
+
+    def current(position, slot):
+        if position not in offsets:
+            return slot
+        splat = e.splat_lazy(e.b.load(offsets[position]), slot.type.shape)
+        size = element_bytes(slot.type.pointee)
+        return e.lazy_addptr(slot, splat, size)
 
     def trip(index, _):
         e.env[body.args[0].id] = index
-        for arg, value in zip(body.args[1:], carried.read(), strict=True):
-            e.env[arg.id] = value
-        carried.assign(e.block(body))
+        for position, (arg, value) in enumerate(zip(body.args[1:], carried.read(),
+                                                    strict=True)):
+            e.env[arg.id] = current(position, value)
+        yielded = e.block(body)
+        advanced = {}
+        for position, step_value in advancing.items():
+            step_scalar = kloop.uniform_step(e, step_value)
+            if step_scalar is None:  # not uniform after all: rewrite the tile
+                yielded[position] = e.materialize(yielded[position])
+                continue
+            advanced[position] = e.b.add(e.b.load(offsets[position]), step_scalar)
+            yielded[position] = carried.slots[position]
+        carried.assign(yielded)
+        for position, value in advanced.items():
+            e.b.store(value, offsets[position])
         return []
     e.counted_loop(lower, upper, step if step.type == index_ty else step, [], trip)
-    for result, value in zip(op.results, carried.read(), strict=True):
-        e.env[result.id] = value
+    for plan in deferred:
+        kloop.finish(e, plan)
+    for position, (result, value) in enumerate(zip(op.results, carried.read(),
+                                                   strict=True)):
+        e.env[result.id] = current(position, value)
 
 
 def scf_if(e, op) -> None:

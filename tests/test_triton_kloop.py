@@ -1,0 +1,169 @@
+"""K loops on the tilegen backend (kloop.py): pointer tiles advanced by a uniform step are
+kept as their initial tile plus a scalar offset, and a dot accumulating across the loop
+runs on the micro-kernel over a packed depth of several trips. Checked against torch at
+odd sizes (trip counts that are not a multiple of a packed group, masked K edges), and
+that the tutorial matmul takes both paths."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import tilegen.triton_backend  # noqa: E402
+
+tilegen.triton_backend.register()
+
+import triton.language as tl  # noqa: E402
+
+from tests.test_triton_tutorials import matmul_kernel  # noqa: E402
+from tilegen.triton_backend import kloop  # noqa: E402
+
+
+@triton.jit
+def k_loop_matmul(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                  stride_bn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  BIAS: tl.constexpr, OUT_F64: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    c_mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if BIAS:
+        acc = tl.load(bias_ptr + rm[:, None] * N + rn[None, :], mask=c_mask, other=0.0)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if OUT_F64:
+        acc = acc.to(tl.float64)
+    for k in range(0, tl.cdiv(K, BK)):
+        left = K - k * BK
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < left), other=0.0)
+        b = tl.load(b_ptrs, mask=(rk[:, None] < left) & (rn[None, :] < N), other=0.0)
+        if OUT_F64:
+            acc = tl.dot(a.to(tl.float64), b.to(tl.float64), acc)
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BK * stride_ak
+        b_ptrs += BK * stride_bk
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc.to(tl.float32), mask=c_mask)
+
+
+@settings(max_examples=10, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 70), k=st.integers(1, 700),
+       block_k=st.sampled_from([16, 32, 64]), block_n=st.sampled_from([16, 32, 64]),
+       dtype=st.sampled_from(["f32", "f16", "bf16", "f64"]), bias=st.booleans(),
+       transposed_a=st.booleans())
+def test_generated_k_loops(m, n, k, block_k, block_n, dtype, bias, transposed_a):
+    torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+                   "f64": torch.float32}[dtype]
+    generator = torch.Generator().manual_seed(m * 10000 + n * 1000 + k)
+    a = torch.randn(k, m, generator=generator).t() if transposed_a else \
+        torch.randn(m, k, generator=generator)
+    a = a.to(torch_dtype)
+    b = torch.randn(k, n, generator=generator).to(torch_dtype)
+    c_bias = torch.randn(m, n, generator=generator)
+    out = torch.full((m, n), 7.0)
+    block_m = 16
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    k_loop_matmul[grid](a, b, out, c_bias, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+                        b.stride(1), BM=block_m, BN=block_n, BK=block_k, BIAS=bias,
+                        OUT_F64=dtype == "f64")
+    expected = a.double() @ b.double() + (c_bias.double() if bias else 0)
+    # f64 accumulates exactly enough that only the final rounding to f32 remains
+    tolerance = 1e-6 if dtype == "f64" else 1e-4 * (1 + k ** 0.5)
+    torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance)
+
+
+@triton.jit
+def advancing_rows(x_ptr, out_ptr, steps, stride, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    ptrs = x_ptr + cols
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for _ in range(steps):
+        total += tl.load(ptrs)
+        ptrs += stride
+    tl.store(out_ptr + cols, total)
+    tl.store(out_ptr + BLOCK + cols, tl.load(ptrs))  # the pointer tile after the loop
+
+
+@pytest.mark.parametrize("steps,stride", [(0, 16), (1, 16), (5, 48), (9, -16)])
+def test_advancing_pointer_tile_inside_and_after_the_loop(steps, stride):
+    rows = 20
+    x = torch.randn(rows, 16)
+    start = 11 if stride < 0 else 0  # a negative step walks up from the last row
+    base = x[start:]
+    out = torch.empty(32)
+    advancing_rows[(1,)](base, out, steps, stride, BLOCK=16)
+    flat = x.reshape(-1)
+    offsets = [start * 16 + step * stride for step in range(steps + 1)]
+    expected_sum = sum((flat[o:o + 16] for o in offsets[:-1]), torch.zeros(16))
+    torch.testing.assert_close(out[:16], expected_sum)
+    torch.testing.assert_close(out[16:], flat[offsets[-1]:offsets[-1] + 16])
+
+
+def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
+    """The tutorial's loop advances both pointer tiles uniformly, its dot is deferred over
+    256-deep packed groups (8 trips of BLOCK_SIZE_K = 32), and its loads fill the packs."""
+    seen = {"advancing": [], "deferred": [], "packed loads": []}
+    advancing, deferrable = kloop.advancing_pointers, kloop.deferrable_dots
+    packed_loads = kloop._packed_loads
+
+    def spy_packed_loads(e, loop, op):
+        found = packed_loads(e, loop, op)
+        seen["packed loads"].append(len(found))
+        return found
+
+    def spy_advancing(e, loop):
+        found = advancing(e, loop)
+        seen["advancing"].append(sorted(found))
+        return found
+
+    def spy_deferrable(e, loop):
+        found = deferrable(e, loop)
+        seen["deferred"].append(len(found))
+        return found
+
+    monkeypatch.setattr(kloop, "advancing_pointers", spy_advancing)
+    monkeypatch.setattr(kloop, "deferrable_dots", spy_deferrable)
+    monkeypatch.setattr(kloop, "_packed_loads", spy_packed_loads)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    a, b = torch.randn(300, 200), torch.randn(200, 130)
+    c = torch.empty((300, 130), dtype=torch.float16)
+    config = matmul_kernel.configs[0].kwargs
+    grid = (triton.cdiv(300, config["BLOCK_SIZE_M"]) * triton.cdiv(130, config["BLOCK_SIZE_N"]),)
+    compiled = matmul_kernel.fn[grid](a, b, c, 300, 130, 200, a.stride(0), a.stride(1),
+                                      b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                                      ACTIVATION="", **config)
+    torch.testing.assert_close(c.float(), (a @ b).half().float(), rtol=2e-3, atol=2e-3)
+    assert seen["advancing"] == [[0, 1]] and seen["deferred"] == [1]
+    assert seen["packed loads"] == [2]  # a and b are loaded straight into the packs
+    assert "tilegen.gemm.f32.8x32.s256" in compiled.asm["llir"]
+
+
+@triton.jit
+def carried_tiles(x_ptr, out_ptr, steps, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    a = tl.load(x_ptr + r)
+    b = tl.load(x_ptr + BLOCK + r)
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for _ in range(steps):
+        total += a * b  # reads other slots, writes its own: computed in place
+        a, b = b * 0.5, a + b  # each reads the other's old value: not in place
+    tl.store(out_ptr + r, a)
+    tl.store(out_ptr + BLOCK + r, b)
+    tl.store(out_ptr + 2 * BLOCK + r, total)
+
+
+def test_carried_tiles_updated_in_place_only_when_safe():
+    x = torch.randn(64)
+    out = torch.empty(96)
+    carried_tiles[(1,)](x, out, 5, BLOCK=32)
+    a, b, total = x[:32].clone(), x[32:].clone(), torch.zeros(32)
+    for _ in range(5):
+        total += a * b
+        a, b = b * 0.5, a + b
+    torch.testing.assert_close(out, torch.cat([a, b, total]))

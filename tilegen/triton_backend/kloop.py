@@ -1,0 +1,278 @@
+"""A matmul's K loop (`scf.for` around `tt.dot`) runs as tilegen's gemm runs.
+
+Pointer tiles the loop advances by a uniform step (`a_ptrs += BLOCK_K * stride_ak`) are
+not rewritten each trip: the loop keeps the initial tile and a scalar element offset, and
+the tile is read lazily as `initial + offset` (a contiguous load reads one address per
+chunk of it).
+
+A dot accumulating into a loop-carried tile keeps the accumulator in registers over a
+deep block of K, not over one BLOCK_K.
+
+Triton's matmul adds `dot(a, b, acc)` once per BLOCK_K (16-64) deep step; calling the
+micro-kernel once per step would load and store the whole accumulator tile (larger than
+L1) every step. When the loop-carried accumulator is read by nothing but that dot and the
+dot's result by nothing but the yield, the dot is deferred: each trip copies its `a`
+into a packed A (rows x KC, row-major) and its `b` into packed B panels (KC x nr each,
+converted to the accumulator type on the way; a load read only by the dot stores its
+chunks there itself), and every `group` trips, and once after
+the loop, the micro-kernel runs over the packed depth with its accumulators in registers
+(KC = `group` x BLOCK_K, about 256 as tilegen's gemm's kc). Nothing can observe the
+accumulator between flushes: the loop's result is read only after the final flush.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from llvmlite import ir
+
+from .tileir import FLOAT_ELEMS, Op, TileType
+
+I64 = ir.IntType(64)
+DEPTH = 256  # the packed K depth of one flush (tilegen's gemm uses kc = 256)
+
+
+def _const(value: int) -> ir.Constant:
+    return ir.Constant(I64, value)
+
+
+def advancing_pointers(e, loop: Op) -> dict[int, object]:
+    """Carried pointer tiles whose yielded value is `addptr(arg, step)` with a uniform
+    step (a splat of a scalar or an integer constant) read by nothing but the yield:
+    {carried position: the step Value}."""
+    body = loop.regions[0]
+    terminator = body.ops[-1]
+    if terminator.name != "scf.yield":
+        return {}
+    defined = {result.id: op for op in body.ops for result in op.results}
+    found = {}
+    for position, arg in enumerate(body.args[1:]):
+        if not (arg.type.is_pointer and arg.type.shape):
+            continue
+        advanced = defined.get(terminator.operands[position].id)
+        if advanced is None or advanced.name != "tt.addptr" or \
+                advanced.operands[0].id != arg.id or e.uses.get(advanced.result.id) != 1:
+            continue
+        found[position] = advanced.operands[1]
+    return found
+
+
+def uniform_step(e, step) -> ir.Value | None:
+    """The scalar (as i64) every lane of the step tile holds, if the emitter knows one."""
+    value = e.env[step.id]
+    kind = getattr(value, "kind", None)
+    if kind == "splat":
+        scalar = value.payload
+    elif kind == "const" and isinstance(value.payload, int):
+        return _const(value.payload)
+    else:
+        return None
+    return scalar if scalar.type == I64 else e.b.sext(scalar, I64)
+
+
+def micro_kernel_dot(op: Op) -> bool:
+    """Whether `op` is a dot that runs on the packed-gemm micro-kernel (tiles.dot)."""
+    a_value, b_value = op.operands[:2]
+    return len(a_value.type.shape) == 2 and op.result.type.elem in ("f32", "f64") and \
+        a_value.type.elem in FLOAT_ELEMS and b_value.type.elem in FLOAT_ELEMS
+
+
+def deferrable_dots(e, loop: Op) -> list[Op]:
+    """The dots of `loop`'s body that accumulate into a carried value read by nothing else
+    and whose results only feed the yield back into that value."""
+    body = loop.regions[0]
+    terminator = body.ops[-1]
+    if terminator.name != "scf.yield":
+        return []
+    found = []
+    for op in body.ops:
+        if op.name != "tt.dot" or not micro_kernel_dot(op):
+            continue
+        accumulator = op.operands[2]
+        carried = [number for number, arg in enumerate(body.args[1:])
+                   if arg.id == accumulator.id]
+        if len(carried) != 1 or e.uses.get(accumulator.id) != 1:
+            continue
+        position = carried[0]
+        if e.uses.get(op.result.id) != 1 or terminator.operands[position].id != op.result.id:
+            continue
+        if accumulator.type.elem != op.result.type.elem:
+            continue
+        found.append(op)
+    return found
+
+
+@dataclass
+class DeferredDot:
+    """The packed operands and the trip counter of one deferred dot."""
+
+    op: Op
+    accumulator: object  # the carried slot (a frame Tile) the flushes accumulate into
+    pack_a: object
+    pack_b: object
+    counter: ir.Value  # i64 alloca: trips packed since the last flush
+    group: int
+    nr: int
+    mr: int
+    loaded_packed: frozenset = frozenset()  # operand ids whose loads fill the packs
+
+
+def start(e, loop: Op, op: Op, accumulator) -> DeferredDot:
+    """Before the loop: the pack buffers and a zero trip counter."""
+    from ..gemm import LANES
+
+    a_value, b_value = op.operands[:2]
+    m, depth = a_value.type.shape
+    n = b_value.type.shape[-1]
+    elem = op.result.type.elem
+    lanes = LANES["f32" if elem == "f32" else "f64"]
+    nr = 2 * lanes if n > lanes else lanes
+    mr = min(m, 8 if nr == 2 * lanes else 16)
+    group = max(1, DEPTH // depth)
+    panels = -(-n // nr)
+    pack_a = e.alloc(TileType(elem, (m, group * depth)))
+    pack_b = e.alloc(TileType(elem, (panels, group * depth, nr)))
+    counter = e.entry_alloca(I64)
+    e.b.store(_const(0), counter)
+    plan = DeferredDot(op, accumulator, pack_a, pack_b, counter, group, nr, mr)
+    direct = _packed_loads(e, loop, op)
+    for operand in direct:
+        e.load_sinks[operand.id] = _sink(e, plan, operand is a_value)
+    return replace(plan, loaded_packed=frozenset(v.id for v in direct))
+
+
+def _packed_loads(e, loop: Op, op: Op) -> list:
+    """The dot's operands that are loads in the loop body read by nothing but the dot,
+    already of the accumulator's type: their chunks are stored straight into the packs."""
+    defined = {result.id: body_op for body_op in loop.regions[0].ops
+               for result in body_op.results}
+    found = []
+    for operand in op.operands[:2]:  # (dot(x, x) reads x twice: not a single reader)
+        source = defined.get(operand.id)
+        if source is not None and source.name == "tt.load" and \
+                e.uses.get(operand.id) == 1 and operand.type.elem == op.result.type.elem:
+            found.append(operand)
+    return found
+
+
+def _sink(e, plan: DeferredDot, is_a: bool):
+    """store(flat index, chunk) of a loaded `a` (or `b`) tile into this trip's place in
+    the packed A (or B panels); a chunk never crosses a row or a panel."""
+    a_value, b_value = plan.op.operands[:2]
+    depth = a_value.type.shape[1]
+    n = b_value.type.shape[-1]
+    kc = plan.group * depth
+
+    def store(index, chunk):
+        column0 = e.b.mul(e.b.load(plan.counter), _const(depth))
+        if is_a:
+            row, column = e.b.udiv(index, _const(depth)), e.b.urem(index, _const(depth))
+            at = e.b.add(e.b.add(e.b.mul(row, _const(kc)), column0), column)
+            e.store_chunk(plan.pack_a, at, chunk)
+            return
+        kk, j = e.b.udiv(index, _const(n)), e.b.urem(index, _const(n))
+        panel, lane = e.b.udiv(j, _const(plan.nr)), e.b.urem(j, _const(plan.nr))
+        row = e.b.add(e.b.add(e.b.mul(panel, _const(kc)), column0), kk)
+        e.store_chunk(plan.pack_b, e.b.add(e.b.mul(row, _const(plan.nr)), lane), chunk)
+    return store
+
+
+def add(e, plan: DeferredDot, op: Op) -> None:
+    """One trip: pack this trip's a and b; flush when `group` trips are packed."""
+    a_value, b_value = op.operands[:2]
+    m, depth = a_value.type.shape
+    n = b_value.type.shape[-1]
+    elem = op.result.type.elem
+    kc = plan.group * depth
+    slot = e.b.load(plan.counter)
+    a, b = e.env[a_value.id], e.env[b_value.id]
+    a_width, b_width = min(16, depth), min(16, n, plan.nr)
+
+    def converted(value, source_elem, index, width):
+        chunk = e.load_chunk(value, index, width)
+        if source_elem == elem:
+            return chunk
+        return e.ew.emit(e.b, "arith.extf", (), [chunk], [source_elem], elem)
+
+    column0 = e.b.mul(slot, _const(depth))
+
+    def pack_a_row(row):
+        source = e.b.mul(row, _const(depth))
+        target = e.b.add(e.b.mul(row, _const(kc)), column0)
+        for part in range(0, depth, a_width):
+            chunk = converted(a, a_value.type.elem, e.b.add(source, _const(part)), a_width)
+            e.store_chunk(plan.pack_a, e.b.add(target, _const(part)), chunk)
+
+    def pack_b_row(kk):
+        source = e.b.mul(kk, _const(n))
+        depth_at = e.b.add(column0, kk)
+        for p in range(-(-n // plan.nr)):
+            target = e.b.mul(e.b.add(_const(p * kc), depth_at), _const(plan.nr))
+            for part in range(0, min(plan.nr, n), b_width):
+                chunk = converted(b, b_value.type.elem,
+                                  e.b.add(source, _const(p * plan.nr + part)), b_width)
+                e.store_chunk(plan.pack_b, e.b.add(target, _const(part)), chunk)
+
+    if a_value.id not in plan.loaded_packed:
+        e.loop(m, pack_a_row, unroll=False)
+    if b_value.id not in plan.loaded_packed:
+        e.loop(depth, pack_b_row, unroll=False)
+    packed = e.b.add(slot, _const(1))
+    full = e.b.icmp_signed("==", packed, _const(plan.group))
+    with e.b.if_else(full) as (then, otherwise):
+        with then:
+            _flush(e, plan, _const(kc))
+            e.b.store(_const(0), plan.counter)
+        with otherwise:
+            e.b.store(packed, plan.counter)
+    e.env[op.result.id] = plan.accumulator
+
+
+def finish(e, plan: DeferredDot) -> None:
+    """After the loop: the trips packed since the last flush."""
+    depth = plan.op.operands[0].type.shape[1]
+    slot = e.b.load(plan.counter)
+    with e.b.if_then(e.b.icmp_signed(">", slot, _const(0))):
+        _flush(e, plan, e.b.mul(slot, _const(depth)))
+
+
+def _flush(e, plan: DeferredDot, kc: ir.Value) -> None:
+    from .. import loopir as L
+    from ..gemm import micro_kernel_function
+
+    op = plan.op
+    m, depth = op.operands[0].type.shape
+    n = op.operands[1].type.shape[-1]
+    elem = op.result.type.elem
+    stride = plan.group * depth
+    mr, nr = plan.mr, plan.nr
+    kernel = micro_kernel_function(e.module, L.F32 if elem == "f32" else L.F64, mr, nr,
+                                   stride)
+    micro_kernel_blocks(e, kernel, (plan.pack_a, plan.pack_b, plan.accumulator),
+                        (m, n, mr, nr), stride, kc, 0)
+
+
+def micro_kernel_blocks(e, kernel, tiles, sizes, stride: int, kc: ir.Value,
+                        first: int) -> None:
+    """out (+)= a @ packed over `kc` of depth, one micro-kernel call per mr x nr block:
+    `a` is row-major with row stride `stride`, `packed` holds nr-wide panels of that
+    depth, `out` is m x n row-major; `first` overwrites instead of accumulating."""
+    a, packed, out = tiles
+    m, n, mr, nr = sizes
+
+    def block(p, row_block):
+        row0 = e.b.mul(row_block, _const(mr))
+        column0 = e.b.mul(p, _const(nr))
+        rows = e.b.sub(_const(m), row0)
+        rows = e.b.select(e.b.icmp_signed("<", rows, _const(mr)), rows, _const(mr))
+        columns = e.b.sub(_const(n), column0)
+        columns = e.b.select(e.b.icmp_signed("<", columns, _const(nr)), columns,
+                             _const(nr))
+        e.b.call(kernel, [e.address(a, e.b.mul(row0, _const(stride))),
+                          e.address(packed, e.b.mul(p, _const(stride * nr))),
+                          kc,
+                          e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
+                          _const(n), rows, columns, ir.Constant(ir.IntType(1), first)])
+
+    e.loop(-(-n // nr), lambda p: e.loop(-(-m // mr), lambda r: block(p, r), unroll=False),
+           unroll=False)
