@@ -29,10 +29,24 @@ def interpret(program: Program, name: str, *args: np.ndarray,
     """
     function = program.function(name)
     env = _bind_params(function, args)
-    _run_body(program, function, env, list(placeholders))
     outputs = function.results if function.results or not function.is_main else \
         main_outputs(function)
+    _run_body(program, function, env, list(placeholders), _live(function, outputs))
     return tuple(env[v.name] for v in outputs)
+
+
+def _live(function: Function, outputs: Sequence[Value]) -> set[int]:
+    """Indices of the operations the outputs need. A value nothing reads is not computed,
+    as in compiled code, so a dead `gather` checks no ids there either; placeholders
+    always run (each takes the next supplied array)."""
+    needed = {v.name for v in outputs}
+    live = set()
+    for index in reversed(range(len(function.body))):
+        op = function.body[index]
+        if op.op == "placeholder" or any(r.name in needed for r in op.results):
+            live.add(index)
+            needed.update(v.name for v in op.operands)
+    return live
 
 
 def main_outputs(function: Function) -> tuple[Value, ...]:
@@ -59,8 +73,10 @@ def _bind_params(function: Function, args: Sequence[np.ndarray]) -> dict[str, np
 
 
 def _run_body(program: Program, function: Function, env: dict[str, np.ndarray],
-              placeholders: list[np.ndarray]) -> None:
-    for op in function.body:
+              placeholders: list[np.ndarray], live: set[int] | None = None) -> None:
+    for index, op in enumerate(function.body):
+        if live is not None and index not in live:
+            continue
         try:
             outputs = _run_operation(program, op, [env[v.name] for v in op.operands],
                                      placeholders)

@@ -215,3 +215,19 @@ fn grad(x: Tensor[BF16, [4, 8], @host], g: Tensor[BF16, [8], @host],
         assert g.dtype == BF16
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2**-7,
                                    atol=1e-3)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum"])
+def test_arithmetic_on_bool_is_a_type_error(op):
+    """i1 arithmetic wraps (true + true compiled to false, NumPy says true): no BOOL form."""
+    source = (f"fn f(a: Tensor[BOOL, [3], @host], b: Tensor[BOOL, [3], @host])\n"
+              f"    -> Tensor[BOOL, [3], @host] {{\n  return {op}(a, b);\n}}\n")
+    with pytest.raises(KinaError) as caught:
+        program_from_text(source, "bool.kina")
+    assert caught.value.code == "K400" and "bool.kina:3" in str(caught.value)
+
+
+def test_neg_of_bool_is_a_type_error():
+    with pytest.raises(KinaError, match="K400"):
+        program_from_text("fn f(a: Tensor[BOOL, [3], @host]) -> Tensor[BOOL, [3], @host] {\n"
+                          "  return neg(a);\n}\n", "bool.kina")

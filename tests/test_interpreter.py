@@ -835,3 +835,22 @@ def test_concat_slice(shape, seed, width) -> None:
         if source is y:
             position = index[:-1] + (index[-1] - shape[-1],)
         assert out[index] == source[position]
+
+
+def test_a_dead_gather_checks_no_ids_as_in_compiled_code():
+    """A value nothing reads is not computed by either side (fuzz case 2025:444: the
+    interpreter raised for an unused gather's bad id, the compiled code had dropped it)."""
+    from tilegen.api import compile_program
+
+    program = program_from_text("""
+fn f(table: Tensor[F32, [4, 3], @host], ids: Tensor[I64, [2], @host])
+    -> Tensor[F32, [4, 3], @host] {
+  let unused = gather(table, ids);
+  return exp(table);
+}
+""", "dead.kina")
+    table = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    ids = np.array([0, 99], dtype=np.int64)
+    (interpreted,) = interpret(program, "f", table, ids)
+    np.testing.assert_allclose(interpreted, np.exp(table), rtol=1e-6)
+    np.testing.assert_allclose(compile_program(program).f(table, ids), interpreted, rtol=1e-6)

@@ -28,10 +28,19 @@ def same_shape(ctx, lhs: TensorType, rhs: TensorType, opname: str, at: str = "rh
                                "to expand one side",))
 
 
+def _no_bool_arithmetic(ctx, opname: str, operand: TensorType, at: str) -> None:
+    # BOOL is a truth value (i1): i1 arithmetic wraps (true + true is false) where NumPy's
+    # is logical, so no meaning is given to it rather than a surprising one.
+    if operand.dtype == DType.BOOL:
+        ctx.fail("type", f"'{opname}' has no BOOL form", at=at,
+                 notes=("cast(x, I64) or cast(x, F32) first, or choose with where(cond, a, b)",))
+
+
 def _binary_rule(opname: str, float_only: bool):
     def rule(ctx, operands, attrs):
         lhs, rhs = operands
         same_shape(ctx, lhs, rhs, opname)
+        _no_bool_arithmetic(ctx, opname, lhs, "lhs")
         if float_only and not lhs.dtype.is_float:
             ctx.fail("type", f"'{opname}' needs floating-point operands, got "
                      f"{lhs.dtype.kina_name}", at="lhs")
@@ -42,6 +51,7 @@ def _binary_rule(opname: str, float_only: bool):
 def _unary_rule(opname: str, float_only: bool):
     def rule(ctx, operands, attrs):
         (x,) = operands
+        _no_bool_arithmetic(ctx, opname, x, "x")
         if float_only and not x.dtype.is_float:
             ctx.fail("type", f"'{opname}' needs a floating-point operand, got "
                      f"{x.dtype.kina_name}", at="x")
