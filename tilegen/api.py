@@ -17,39 +17,46 @@ from .runtime import CompiledModule, jit_module
 
 
 def compile_program(program: Program, jit: bool = True, output: str | None = None,
-                    names: tuple[str, ...] | None = None) -> CompiledModule:
+                    names: tuple[str, ...] | None = None,
+                    target: str | None = None) -> CompiledModule:
     """Compile concrete tensor IR. `jit=True` stays in memory; `jit=False` builds a shared
     library (kept at `output` if given, otherwise in a temporary folder that is removed).
     The program is verified first (`kina_frontend.verify.check_program`): ill-typed IR is a
     KinaError naming the operation, never lowered."""
     check_program(program)
     text = format_program(program, with_locations=True)
-    return _compile(f"<program {names or ''}>", text, lambda: program, jit, output, names)
+    return _compile(f"<program {names or ''}>", text, lambda: program, jit, output, names,
+                    target=target)
 
 
 def compile_source(text: str, name: str = "<string>", jit: bool = True,
                    output: str | None = None, consts: Mapping[str, int] | None = None,
-                   functions: Iterable[str] | None = None) -> CompiledModule:
+                   functions: Iterable[str] | None = None,
+                   target: str | None = None) -> CompiledModule:
     """Compile Kina source text; `name` is the file name diagnostics show. The keywords are
     those of `compile_file`."""
-    return _compile_source(Source(name, text), jit, output, consts, functions)
+    return _compile_source(Source(name, text), jit, output, consts, functions, target)
 
 
 def compile_file(path: str | os.PathLike, jit: bool = True, output: str | None = None,
                  consts: Mapping[str, int] | None = None,
-                 functions: Iterable[str] | None = None) -> CompiledModule:
+                 functions: Iterable[str] | None = None,
+                 target: str | None = None) -> CompiledModule:
     """Compile a .kina file (or a bundled example name) into a module whose attributes are
     its functions; each takes NumPy arrays positionally and returns an array or a tuple.
 
     `consts={"T": 128}` compiles the program with those values for consts defined by an
     integer literal (shapes are proved for every value, so one source serves every size);
-    `functions=("f",)` compiles only those functions (the others are still checked)."""
-    return _compile_source(load_source(path), jit, output, consts, functions)
+    `functions=("f",)` compiles only those functions (the others are still checked);
+    `target="x86-64-v3"` generates code for that target instead of TILEGEN_TARGET or this
+    machine (tilegen/target.py; it must be one this machine can run)."""
+    return _compile_source(load_source(path), jit, output, consts, functions, target)
 
 
 def _compile_source(source: Source, jit: bool, output: str | None,
                     consts: Mapping[str, int] | None,
-                    functions: Iterable[str] | None) -> CompiledModule:
+                    functions: Iterable[str] | None,
+                    target: str | None = None) -> CompiledModule:
     consts = dict(consts or {})
     names = None if functions is None else tuple(functions)
 
@@ -66,7 +73,7 @@ def _compile_source(source: Source, jit: bool, output: str | None,
         return program
 
     return _compile(source.name, source.text, frontend, jit, output, names,
-                    tuple(sorted(consts.items())))
+                    tuple(sorted(consts.items())), target)
 
 
 def planned(name: str, text: str, frontend, settings: config.Config, jit: bool,
@@ -94,8 +101,9 @@ def _key(name: str, text: str, names, consts, settings: config.Config, jit: bool
 
 def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
              names: tuple[str, ...] | None = None,
-             consts: tuple[tuple[str, int], ...] = ()) -> CompiledModule:
-    settings = config.load()
+             consts: tuple[tuple[str, int], ...] = (),
+             target: str | None = None) -> CompiledModule:
+    settings = config.load(target)
     key = _key(name, text, names, consts, settings, jit)
     if output is None and settings.memory_cache_entries:
         cached = MEMORY.get(key)

@@ -12,14 +12,15 @@ import contextvars
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from . import loopir as L
 from .cache import _atomic_write
-from .gemm import LANES, column_block, default_tiles
-from .target import host_cpu
+from .gemm import column_block, default_tiles
+from .target import Target
 
 # Register blocks (mr x nr) that keep 24 or fewer vector accumulators, and cache blocks.
 REGISTER_BLOCKS = ((12, 2), (6, 4), (8, 3))  # (mr, vectors per row)
@@ -31,12 +32,12 @@ _memory: dict[str, L.GemmTiles] = {}
 _lock = threading.Lock()
 
 
-def candidates(dtype: str, m: int, n: int, k: int) -> list[L.GemmTiles]:
-    lanes = LANES[dtype]
-    options = {default_tiles(dtype, m, n, k)}
+def candidates(dtype: str, m: int, n: int, k: int, target: Target) -> list[L.GemmTiles]:
+    lanes = target.lanes(dtype)
+    options = {default_tiles(dtype, m, n, k, target)}
     for mr, vectors in REGISTER_BLOCKS:
         nr = vectors * lanes
-        if nr > 2 * max(n, lanes):
+        if nr > 2 * max(n, lanes) or mr * vectors > target.vector_registers * 3 // 4:
             continue
         for kc in DEPTH_BLOCKS:
             kc = min(kc, k)
@@ -47,11 +48,15 @@ def candidates(dtype: str, m: int, n: int, k: int) -> list[L.GemmTiles]:
 
 
 def choose(dtype: str, batch: tuple[int, ...], m: int, n: int, k: int, threads: int,
-           cache_dir: str | None) -> L.GemmTiles:
+           cache_dir: str | None, target: Target) -> L.GemmTiles:
+    """The fastest candidate measured on this machine; the default tiles for a target it
+    cannot run (nothing to measure)."""
     forced = _forced.get()
     if forced is not None:
         return forced
-    key = f"{host_cpu()[0]}|{dtype}|{batch}|{m}x{n}x{k}|t{threads}"
+    if not target.runs_on_host:
+        return default_tiles(dtype, m, n, k, target)
+    key = f"{target.name}:{target.cpu}|{dtype}|{batch}|{m}x{n}x{k}|t{threads}"
     with _lock:
         if key in _memory:
             return _memory[key]
@@ -59,7 +64,7 @@ def choose(dtype: str, batch: tuple[int, ...], m: int, n: int, k: int, threads: 
     if stored is not None:
         tiles = L.GemmTiles(*stored)
     else:
-        tiles = _measure(dtype, batch, m, n, k, threads)
+        tiles = _measure(dtype, batch, m, n, k, target)
         if cache_dir:
             with _lock:
                 table = _load(cache_dir)
@@ -81,7 +86,7 @@ def _load(cache_dir: str | None) -> dict:
         return {}  # missing or damaged: measure again (and rewrite it)
 
 
-def _measure(dtype, batch, m, n, k, threads) -> L.GemmTiles:
+def _measure(dtype, batch, m, n, k, target: Target) -> L.GemmTiles:
     from kina_frontend import program_from_text
 
     from . import config
@@ -100,8 +105,8 @@ def _measure(dtype, batch, m, n, k, threads) -> L.GemmTiles:
     a = rng.standard_normal(batch + (m, k)).astype(numpy_type)
     b = rng.standard_normal(batch + (k, n)).astype(numpy_type)
     best, best_time = None, float("inf")
-    options = config.load()
-    for tiles in candidates(dtype, m, n, k):
+    options = replace(config.load(), target=target)
+    for tiles in candidates(dtype, m, n, k, target):
         # Straight through the pipeline: the compile caches must not hand back a module
         # built with another candidate.
         token = _forced.set(tiles)

@@ -19,6 +19,7 @@ from . import loopir as L
 from . import storage
 from .affine import to_affine
 from .frame import plan_frame
+from .target import Target
 from .vecmath import MathLibrary
 
 I1 = ir.IntType(1)
@@ -177,8 +178,9 @@ def _const(dtype: str, value) -> ir.Constant:
 
 class KernelCodegen:
     def __init__(self, module: ir.Module, kernel: L.Kernel, symbol: str, math: MathLibrary,
-                 profile: bool = False, stack_bytes: int = 1 << 20):
+                 target: Target, profile: bool = False, stack_bytes: int = 1 << 20):
         self.module = module
+        self.target = target
         self.profile = profile
         self.stack_bytes = stack_bytes
         self.kernel = kernel

@@ -9,6 +9,9 @@ TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlin
                      (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
+TILEGEN_TARGET       the CPU to generate code for: host (default), x86-64-v3,
+                     skylake-avx512 or aarch64-linux-gnu (tilegen/target.py); JIT needs
+                     one this machine can run
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -21,6 +24,8 @@ from dataclasses import dataclass, field
 
 from kina_frontend.transforms import MAX_INLINED_OPS
 
+from .target import Target, host_target, named_target
+
 MEMORY_CACHE_ENTRIES = 32
 
 
@@ -31,6 +36,7 @@ class Config:
     profile: bool
     autotune: bool
     stack_bytes: int = 1 << 20
+    target: Target = field(default_factory=host_target)
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
@@ -56,9 +62,10 @@ def _flag(name: str, default: bool) -> bool:
     return raw not in ("0", "false", "no", "off")
 
 
-def load() -> Config:
+def load(target: str | None = None) -> Config:
     """The configuration from the current environment (read at each compile, so tests and
-    users can change it between compiles)."""
+    users can change it between compiles); `target` names a target that overrides
+    TILEGEN_TARGET (the CLI's --target, compile_file's target=)."""
     from .frame import stack_budget
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
@@ -68,6 +75,8 @@ def load() -> Config:
                   profile=_flag("TILEGEN_PROFILE", False),
                   autotune=_flag("TILEGEN_AUTOTUNE", False),
                   stack_bytes=stack_budget(),
+                  target=named_target(target or os.environ.get("TILEGEN_TARGET", "").strip()
+                                      or "host"),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
                   max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))

@@ -32,7 +32,8 @@ def run_backend_stages(program: Program, source: Source, args, started: float) -
     needs_code = any(s in args.emit for s in ("loops", "llvm", "asm")) or args.output or args.run
     if not needs_code:
         return 0
-    plans = plan_program(program, names)
+    options = config.load(args.target)
+    plans = plan_program(program, names, options)
     if "loops" in args.emit:
         for plan in plans:
             print(format_kernel(plan.kernel))
@@ -40,9 +41,9 @@ def run_backend_stages(program: Program, source: Source, args, started: float) -
     if "llvm" in args.emit or "asm" in args.emit:
         builder_module = codegen(plans)
         if "llvm" in args.emit:
-            print(to_llvm(builder_module, optimize_module=True), end="")
+            print(to_llvm(builder_module, options.target, optimize_module=True), end="")
         if "asm" in args.emit:
-            print(assembly(to_llvm(builder_module)), end="")
+            print(assembly(to_llvm(builder_module, options.target), options.target), end="")
     if args.output:
         from .library import write_library
 
@@ -52,7 +53,7 @@ def run_backend_stages(program: Program, source: Source, args, started: float) -
         print(f"wrote {args.output}{header} ({len(plans)} function(s), "
               f"{format_seconds(elapsed)})")
     if args.run:
-        return _run_main(program, args.seed)
+        return _run_main(program, args.seed, args.target)
     return 0
 
 
@@ -122,7 +123,7 @@ def _id_error(error: IdOutOfRangeError, function: Function, name: str) -> KinaEr
                      span, notes)
 
 
-def _run_main(program: Program, seed: int) -> int:
+def _run_main(program: Program, seed: int, target: str | None = None) -> int:
     from kina_frontend.transforms import inline_calls
 
     from .api import compile_program
@@ -137,7 +138,7 @@ def _run_main(program: Program, seed: int) -> int:
         raise KinaError("run", f"@{main.name}: not enough memory for its placeholder values",
                         main.span) from None
     started = time.perf_counter()
-    function = getattr(compile_program(program, names=(main.name,)), main.name)
+    function = getattr(compile_program(program, names=(main.name,), target=target), main.name)
     compiled = time.perf_counter()
     try:
         outputs = function(*inputs)

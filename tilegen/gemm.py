@@ -14,7 +14,8 @@ reshaped operands are packed straight from their source buffers, and elementwise
 producers are computed while packing. Rows are split across threads; each thread packs
 into its own buffers. The micro-kernel's k loop keeps mr x (nr / lanes) vector
 accumulators as loop-carried values, which LLVM allocates to registers (24 zmm for
-12 x 32 floats) with the A broadcasts folded into the FMAs.
+12 x 32 floats) with the A broadcasts folded into the FMAs. Vector widths, the register
+block and the depth block come from the `Target`.
 """
 
 from __future__ import annotations
@@ -25,24 +26,45 @@ from llvmlite import ir
 
 from . import loopir as L
 from .schedule import strided_load
+from .target import Target
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
-LANES = {L.F32: 16, L.F64: 8}
 ELEMENT = {L.F32: ir.FloatType(), L.F64: ir.DoubleType()}
 BYTES = {L.F32: 4, L.F64: 8}
+# The register block leaves a quarter of the vector registers for the B row and the A
+# broadcasts, and takes at most this many rows.
+MAX_MR = 14
+# Depth blocks are a power of two up to this: past it the A block outgrows L2.
+MAX_KC = 512
 
 
-def default_tiles(dtype: str, m: int, n: int, k: int) -> L.GemmTiles:
+def supports(dtype: str) -> bool:
+    """Whether the packed gemm handles `dtype` (the float types computed in their own
+    type)."""
+    return dtype in ELEMENT
+
+
+def default_tiles(dtype: str, m: int, n: int, k: int, target: Target) -> L.GemmTiles:
     """The deterministic default tiling (autotuning may pick another candidate)."""
-    lanes = LANES[dtype]
+    lanes = target.lanes(dtype)
     nr = 2 * lanes if n > lanes else lanes
-    mr = 12 if nr == 2 * lanes else 14
-    kc = min(256, k)
+    mr = min(MAX_MR, target.vector_registers * 3 // 4 // (nr // lanes))
+    kc = min(depth_block(target), k)
     mc = max(mr, min(96 // mr * mr, -(-m // mr) * mr))  # whole register blocks
     nc = column_block(n, nr)
     return L.GemmTiles(mr, nr, kc, mc, nc)
+
+
+def depth_block(target: Target) -> int:
+    """The depth block kc: the largest power of two (at most MAX_KC) whose B micro-panel
+    of two vectors per depth takes at most 3/4 of L1 (256 for 48 KB and 64-byte vectors)."""
+    per_depth = 2 * target.vector_bits // 8
+    kc = 1
+    while 2 * kc <= min(MAX_KC, target.l1d_bytes * 3 // 4 // per_depth):
+        kc *= 2
+    return kc
 
 
 def column_block(n: int, nr: int, limit: int = 2048) -> int:
@@ -179,7 +201,10 @@ class _GemmEmitter:
         self.cg = cg
         self.g = gemm
         self.b = cg.b
-        self.lanes = LANES[gemm.dtype]
+        self.lanes = cg.target.lanes(gemm.dtype)
+        if gemm.tiles.nr % self.lanes:
+            raise ValueError(f"gemm tiles nr={gemm.tiles.nr} are not whole vectors of "
+                             f"{self.lanes} lanes ({cg.target.name})")
         self.element = ELEMENT[gemm.dtype]
         self.vector = ir.VectorType(self.element, self.lanes)
         self.tiles = gemm.tiles
@@ -411,7 +436,8 @@ class _GemmEmitter:
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                     col_end) -> None:
         t, g, b = self.tiles, self.g, self.b
-        kernel = micro_kernel_function(self.cg.module, g.dtype, t.mr, t.nr, self.a_stride)
+        kernel = micro_kernel_function(self.cg.module, g.dtype, t.mr, t.nr, self.a_stride,
+                                       self.lanes)
         out = self.cg.pointers[g.out]
         flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
         batch_offset = b.mul(flat_batch, self.const(g.m * g.n))
@@ -433,17 +459,18 @@ class _GemmEmitter:
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
-                          a_stride: int) -> ir.Function:
+                          a_stride: int, lanes: int) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 kc, ptr c, i64 ldc, i64 rows, i64 cols, i1 first)`:
     C[r, j] (+)= sum over k < kc of Ap[r * a_stride + k] * Bp[k * nr + j], for r < rows
     (at most mr) and j < cols (at most nr); `first` overwrites instead of accumulating.
+    B rows are `nr // lanes` vectors of `lanes` elements (the target's vector).
     One definition per register block in a module, shared by every gemm (small IR, fast
     compiles); its k loop keeps the mr x nr/lanes accumulators in registers."""
     name = f"tilegen.gemm.{dtype}.{mr}x{nr}.s{a_stride}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
-    lanes, element = LANES[dtype], ELEMENT[dtype]
+    element = ELEMENT[dtype]
     vector = ir.VectorType(element, lanes)
     parts = nr // lanes
     i32 = ir.IntType(32)

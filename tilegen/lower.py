@@ -185,7 +185,7 @@ class LowerContext:
         """Whether a @ b is big enough for packed panels to beat the fused `Reduce` form."""
         m, k = a.type.concrete_shape[-2:]
         n = b.type.concrete_shape[-1]
-        return a.type.dtype.value in gemm_module.LANES and m * n * k >= GEMM_MIN_WORK and \
+        return gemm_module.supports(a.type.dtype.value) and m * n * k >= GEMM_MIN_WORK and \
             n >= 8 and k >= 8
 
     def gemm(self, out: str, a: View, b: View) -> L.Gemm:
@@ -201,9 +201,9 @@ class LowerContext:
             from . import autotune
 
             tiles = autotune.choose(dtype, batch_extents, m, n, k, threads,
-                                    self.options.cache_dir)
+                                    self.options.cache_dir, self.options.target)
         else:
-            tiles = gemm_module.default_tiles(dtype, m, n, k)
+            tiles = gemm_module.default_tiles(dtype, m, n, k, self.options.target)
         return L.Gemm(out, batch, batch_extents, i, j, kk, m, n, k, a.at(batch + (i, kk)),
                       b.at(batch + (kk, j)), dtype, tiles, threads)
 

@@ -127,6 +127,7 @@ class OutlinedCodegen(C.KernelCodegen):
         self.profile = False
         self.kernel = parent.kernel
         self.math = parent.math
+        self.target = parent.target
         self.buffers = parent.buffers
         self.root = parent.root
         self.function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), name)

@@ -33,26 +33,29 @@ from .lower import lower_function
 from .rowscale import defer_row_scaling
 from .schedule import parallelize_pass, thread_interchange_pass, vectorize_pass
 from .symbols import function_symbol, kernel_symbol
-from .target import LLVM_LOCK, optimize, target_machine, triple
+from .target import LLVM_LOCK, Target, optimize, target_machine
 from .vecmath import MathLibrary
 
 # Loop-IR passes, in order; each maps (kernel, options) to a kernel.
 SCHEDULE_PASSES = (
-    ("fission", lambda kernel, options: fission_pass(kernel)),
+    ("fission", lambda kernel, options: fission_pass(kernel, options.target)),
     ("defer-row-scaling", lambda kernel, options: defer_row_scaling(kernel)),
     ("thread-interchange",
-     lambda kernel, options: thread_interchange_pass(kernel, options.num_threads)),
-    ("vectorize", lambda kernel, options: vectorize_pass(kernel)),
+     lambda kernel, options: thread_interchange_pass(kernel, options.num_threads,
+                                                     options.target)),
+    ("vectorize", lambda kernel, options: vectorize_pass(kernel, options.target)),
     ("parallelize", lambda kernel, options: parallelize_pass(kernel, options.num_threads)),
 )
 
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """One compiled entry point: the prepared tensor function and its scheduled kernel."""
+    """One compiled entry point: the prepared tensor function and its kernel, scheduled
+    for `target`."""
 
     function: Function
     kernel: L.Kernel
+    target: Target
     stack_bytes: int = 1 << 20  # the stack its temporaries may take (tilegen/frame.py)
 
     @property
@@ -128,6 +131,10 @@ class PlanTable(Mapping[str, KernelPlan]):
         self._plans: dict[str, KernelPlan] = {}
         self._lock = threading.Lock()
 
+    @property
+    def target(self) -> Target:
+        return self._options.target
+
     def __getitem__(self, name: str) -> KernelPlan:
         plan = self._plans.get(name)
         if plan is not None:
@@ -138,7 +145,8 @@ class PlanTable(Mapping[str, KernelPlan]):
             if name not in self._plans:
                 prepared = prepare(self._program, name, self._options)
                 kernel = schedule(lower(prepared, self._options), self._options)
-                self._plans[name] = KernelPlan(prepared, kernel, self._options.stack_bytes)
+                self._plans[name] = KernelPlan(prepared, kernel, self._options.target,
+                                               self._options.stack_bytes)
             return self._plans[name]
 
     @property
@@ -162,13 +170,23 @@ def plan_program(program: Program, names: tuple[str, ...] | None = None,
     return list(PlanTable(program, names, options or config.load()).values())
 
 
+def plans_target(plans: list[KernelPlan]) -> Target:
+    """The one target a list of plans was scheduled for (a module has one triple)."""
+    targets = {plan.target for plan in plans}
+    if len(targets) != 1:
+        raise ValueError(f"a module is built for one target, not for "
+                         f"{sorted(t.name for t in targets)}")
+    return targets.pop()
+
+
 def codegen(plans: list[KernelPlan], module_name: str = "kina",
             profile: bool = False) -> ir.Module:
+    target = plans_target(plans)
     module = ir.Module(name=module_name)
-    module.triple = triple()
-    math = MathLibrary(module)
+    module.triple = target.triple
+    math = MathLibrary(module, target)
     for plan in plans:
-        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile,
+        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, target, profile,
                                   plan.stack_bytes).build()
         build_packed_entry(module, kernel_fn, plan.packed_symbol)
         entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
@@ -176,9 +194,10 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina",
     return module
 
 
-def to_llvm(module: ir.Module, pic: bool = False, optimize_module: bool = True) -> llvm.ModuleRef:
-    """Parse, verify and optimise the builder's module for the host target."""
-    machine = target_machine(pic)
+def to_llvm(module: ir.Module, target: Target, pic: bool = False,
+            optimize_module: bool = True) -> llvm.ModuleRef:
+    """Parse, verify and optimise the builder's module for `target`."""
+    machine = target_machine(target, pic)
     with LLVM_LOCK:
         try:
             parsed = llvm.parse_assembly(str(module))
@@ -186,24 +205,24 @@ def to_llvm(module: ir.Module, pic: bool = False, optimize_module: bool = True) 
         except RuntimeError as error:  # a compiler bug, never the user's program
             raise KinaError("lowering", f"internal error: generated LLVM IR is invalid: "
                             f"{error}", None) from None
-        parsed.triple = triple()
+        parsed.triple = target.triple
         parsed.data_layout = str(machine.target_data)
         if optimize_module:
             optimize(parsed, machine)
     return parsed
 
 
-def assembly(parsed: llvm.ModuleRef) -> str:
+def assembly(parsed: llvm.ModuleRef, target: Target) -> str:
     with LLVM_LOCK:
-        return target_machine(False).emit_assembly(parsed)
+        return target_machine(target, False).emit_assembly(parsed)
 
 
-def jit_object_code(parsed: llvm.ModuleRef) -> bytes:
+def jit_object_code(parsed: llvm.ModuleRef, target: Target) -> bytes:
     """Object code for the in-process JIT (non-PIC, as MCJIT would generate it)."""
     with LLVM_LOCK:
-        return target_machine(False).emit_object(parsed)
+        return target_machine(target, False).emit_object(parsed)
 
 
-def object_code(parsed: llvm.ModuleRef) -> bytes:
+def object_code(parsed: llvm.ModuleRef, target: Target) -> bytes:
     with LLVM_LOCK:
-        return target_machine(True).emit_object(parsed)
+        return target_machine(target, True).emit_object(parsed)

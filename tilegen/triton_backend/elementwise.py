@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..target import host_target
 from ..vecmath import MathLibrary
 from .tileir import ELEM_BITS, FLOAT_ELEMS, TileError
 
@@ -102,7 +103,7 @@ class Elementwise:
 
     def __init__(self, module: ir.Module):
         self.module = module
-        self.math = MathLibrary(module)
+        self.math = MathLibrary(module, host_target())  # kernels run in this process
 
     def declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         existing = self.module.globals.get(name)
