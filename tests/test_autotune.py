@@ -43,9 +43,10 @@ def test_autotuned_tiles_are_remembered_on_disk(tmp_path, monkeypatch):
     np.testing.assert_allclose(module.mm(a, b), a @ b, rtol=1e-4, atol=1e-4)
     # A new process (empty memory) reads the table instead of measuring again.
     monkeypatch.setattr(autotune, "_memory", {})
-    monkeypatch.setattr(autotune, "_measure", lambda *args: (_ for _ in ()).throw(
-        AssertionError("measured again")))
-    again = autotune.choose("f32", (), 70, 50, 90, gemm.threads, str(tmp_path), HOST)
+    def measure(*args):
+        raise AssertionError("measured again")
+
+    again = autotune.choose("f32", (), 70, 50, 90, gemm.threads, str(tmp_path), HOST, measure)
     assert again == gemm.tiles
 
 
@@ -61,3 +62,18 @@ def test_every_candidate_has_whole_panels():
     for n in (50, 256, 4096, 333):
         for tiles in autotune.candidates("f32", 256, n, 512, HOST):
             assert tiles.nc % tiles.nr == 0 and tiles.mc % tiles.mr == 0, tiles
+
+
+def test_choose_keeps_the_candidate_the_measure_calls_fastest(monkeypatch):
+    """autotune measures only through the callback it is handed (the driver's)."""
+    monkeypatch.setattr(autotune, "_memory", {})
+    options = autotune.candidates("f32", 70, 50, 90, HOST)
+    fastest = options[-1]
+    timed = []
+
+    def measure(dtype, batch, m, n, k, tiles):
+        timed.append(tiles)
+        return 1.0 if tiles == fastest else 2.0
+
+    assert autotune.choose("f32", (), 70, 50, 90, 1, None, HOST, measure) == fastest
+    assert sorted(timed, key=str) == sorted(options, key=str)

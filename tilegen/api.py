@@ -14,6 +14,7 @@ from .cache import MEMORY, DiskCache, cache_key
 from .library import aot_module
 from .pipeline import PlanTable, plan_program
 from .runtime import CompiledModule, jit_module
+from .tuning import tile_chooser
 
 
 def compile_program(program: Program, jit: bool = True, output: str | None = None,
@@ -87,9 +88,9 @@ def planned(name: str, text: str, frontend, settings: config.Config, jit: bool,
     disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
     plans = disk.load_plans(key) if disk is not None else None
     if plans is None and lazy and disk is None:
-        plans = PlanTable(frontend(), names, settings)
+        plans = PlanTable(frontend(), names, settings, tile_chooser(settings))
     elif plans is None:
-        plans = plan_program(frontend(), names, settings)
+        plans = plan_program(frontend(), names, settings, tile_chooser(settings))
         if disk is not None:
             disk.store_plans(key, plans)
     return plans, disk, key

@@ -11,6 +11,7 @@ load and splat, or a gather from the index's coefficient of the lane variable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -55,7 +56,7 @@ class Val:
 
 
 @dataclass
-class _Lane:
+class Lane:
     """The vector tile being generated: lane variable, width, scalar base index, mask."""
 
     var: str
@@ -176,11 +177,24 @@ def _const(dtype: str, value) -> ir.Constant:
     return ir.Constant(SCALAR_LLVM[dtype], int(value))
 
 
+@dataclass(frozen=True)
+class Emitters:
+    """What this module leaves to the modules above it, handed in by the pipeline so that
+    codegen imports neither: a `Gemm` statement (tilegen/gemm.py), a loop split across
+    threads and the kernel's thread-state global (tilegen/parallel.py)."""
+
+    gemm: Callable[[KernelCodegen, L.Gemm], None]
+    parallel: Callable[[KernelCodegen, int, int, Callable], None]
+    thread_state: Callable[[KernelCodegen], ir.GlobalVariable]
+
+
 class KernelCodegen:
     def __init__(self, module: ir.Module, kernel: L.Kernel, symbol: str, math: MathLibrary,
-                 target: Target, profile: bool = False, stack_bytes: int = 1 << 20):
+                 target: Target, emitters: Emitters, profile: bool = False,
+                 stack_bytes: int = 1 << 20):
         self.module = module
         self.target = target
+        self.emitters = emitters
         self.profile = profile
         self.stack_bytes = stack_bytes
         self.kernel = kernel
@@ -208,7 +222,7 @@ class KernelCodegen:
         self.workspace: tuple[ir.Value, ir.Value] | None = None  # (block, its slot)
         self.env: list[dict[str, Val]] = [{}]
         self.cache: list[dict[L.Expr, Val]] = [{}]
-        self.lane: _Lane | None = None
+        self.lane: Lane | None = None
         self.varying_names: set[str] = set()
         self.outlined_count = 0  # parallel regions outlined so far (their names)
 
@@ -226,7 +240,7 @@ class KernelCodegen:
                 slot.type = PTR  # opaque, as LLVM 22 has it
                 spent = self.b.sub(self._cycles(), started)
                 self.b.store(self.b.add(self.b.load(slot, typ=I64), spent), slot)
-        self._finish(ir.Constant(I64, 0))
+        self.finish(ir.Constant(I64, 0))
         self.b.position_at_end(self.exit_block)
         status = self.b.phi(I64, name="status")
         for value, block in self.status_incoming:
@@ -234,9 +248,7 @@ class KernelCodegen:
         if self.workspace is not None:
             self.release_block(*self.workspace)
         self.b.ret(status)
-        from .parallel import thread_state_global
-
-        thread_state_global(self)  # always there, for the runtime to bind
+        self.emitters.thread_state(self)  # always there, for the runtime to bind
         count = ir.GlobalVariable(self.module, I64, self.function.name + BLOCK_COUNT_SUFFIX)
         count.initializer = ir.Constant(I64, self.block_count)
         count.global_constant = True
@@ -263,7 +275,7 @@ class KernelCodegen:
         # dominates the exit block, which puts it back (null included) in its slot.
         failed = self.b.icmp_unsigned("==", block, ir.Constant(PTR, None))
         with self.b.if_then(failed, likely=False):
-            self._finish(ir.Constant(I64, -1))
+            self.finish(ir.Constant(I64, -1))
         for name, offset in offsets.items():
             pointer = self.b.gep(block, [ir.Constant(I64, offset)], source_etype=ir.IntType(8),
                                  name=f"heap.{name}")
@@ -328,21 +340,21 @@ class KernelCodegen:
         return counters
 
     def _cycles(self) -> ir.Value:
-        return self.b.call(self._declare("llvm.readcyclecounter", ir.FunctionType(I64, [])), [])
+        return self.b.call(self.declare("llvm.readcyclecounter", ir.FunctionType(I64, [])), [])
 
-    def _finish(self, status: ir.Value) -> None:
+    def finish(self, status: ir.Value) -> None:
         for pointer in self.cleanups:
             self.b.call(self._free(), [pointer])
         self.status_incoming.append((status, self.b.block))
         self.b.branch(self.exit_block)
 
     def _malloc(self) -> ir.Function:
-        return self._declare("malloc", ir.FunctionType(PTR, [I64]))
+        return self.declare("malloc", ir.FunctionType(PTR, [I64]))
 
     def _free(self) -> ir.Function:
-        return self._declare("free", ir.FunctionType(ir.VoidType(), [PTR]))
+        return self.declare("free", ir.FunctionType(ir.VoidType(), [PTR]))
 
-    def _declare(self, name: str, fnty: ir.FunctionType) -> ir.Function:
+    def declare(self, name: str, fnty: ir.FunctionType) -> ir.Function:
         existing = self.module.globals.get(name)
         return existing if existing is not None else ir.Function(self.module, fnty, name=name)
 
@@ -361,9 +373,7 @@ class KernelCodegen:
             else:
                 self._serial_for(stmt)
         elif isinstance(stmt, L.Gemm):
-            from .gemm import emit_gemm
-
-            emit_gemm(self, stmt)
+            self.emitters.gemm(self, stmt)
         elif isinstance(stmt, L.Let):
             value = self.expr(stmt.value)
             if value.vector:
@@ -374,22 +384,22 @@ class KernelCodegen:
         else:
             raise TypeError(stmt)
 
-    def _push(self) -> None:
+    def push_scope(self) -> None:
         self.env.append({})
         self.cache.append({})
 
-    def _pop(self) -> None:
+    def pop_scope(self) -> None:
         self.env.pop()
         self.cache.pop()
 
     def _loop_body(self, loop: L.For):
         """The body of `loop` as a `_loop` callback: its statements with the index bound."""
         def body(index, carried):
-            self._push()
+            self.push_scope()
             self.env[-1][loop.var.name] = Val(index, False)
             for inner in loop.body:
                 self.stmt(inner)
-            self._pop()
+            self.pop_scope()
             return carried
         return body
 
@@ -402,7 +412,7 @@ class KernelCodegen:
             for index in range(loop.extent):
                 body(ir.Constant(I64, index), [])
             return
-        self._loop(0, loop.extent, 1, [], body)
+        self.loop(0, loop.extent, 1, [], body)
 
     def _joint_reductions(self, loop: L.For) -> bool:
         """A loop whose trips each finish one vectorised float sum or max (a short row of
@@ -424,7 +434,7 @@ class KernelCodegen:
 
         def trips(first, count: int) -> None:
             def bind(trip):
-                self._push()
+                self.push_scope()
                 index = self._binary("add", Val(first, False),
                                      Val(ir.Constant(I64, trip), False), L.I64)
                 self.env[-1][loop.var.name] = index
@@ -433,18 +443,18 @@ class KernelCodegen:
             for trip in range(count):
                 bind(trip)
                 accumulators.append(self._vector_accumulate(reduce)[0])
-                self._pop()
+                self.pop_scope()
             totals = _joint_horizontal(self.b, accumulators, _JOINT_COMBINE[reduce.op])
             for trip, total in enumerate(totals):
                 bind(trip)
                 self.cache[-1][reduce] = Val(total, False)
                 for stmt in loop.body:
                     self.stmt(stmt)
-                self._pop()
+                self.pop_scope()
 
         groups = loop.extent // 4
         if groups > 1:
-            self._loop(0, 4 * groups, 4, [], lambda index, carried: trips(index, 4) or carried)
+            self.loop(0, 4 * groups, 4, [], lambda index, carried: trips(index, 4) or carried)
         elif groups == 1:
             trips(ir.Constant(I64, 0), 4)
         done = 4 * groups
@@ -456,16 +466,14 @@ class KernelCodegen:
         return True
 
     def _serial_range(self, loop: L.For, lo, hi) -> None:
-        self._loop(lo, hi, 1, [], self._loop_body(loop))
+        self.loop(lo, hi, 1, [], self._loop_body(loop))
 
     # ---- threads ------------------------------------------------------------------------------
 
     def parallel(self, extent: int, threads: int, body) -> None:
         """Run `body(child, lo, hi)` over [0, extent) split across up to `threads` OpenMP
         threads (tilegen/parallel.py)."""
-        from .parallel import emit_parallel
-
-        emit_parallel(self, extent, threads, body)
+        self.emitters.parallel(self, extent, threads, body)
 
     def _vector_for(self, loop: L.For) -> None:
         width = loop.width
@@ -477,7 +485,7 @@ class KernelCodegen:
             def body(index, carried):
                 self._in_tile(loop.var.name, width, index, None, loop.body)
                 return carried
-            self._loop(0, main, width, [], body)
+            self.loop(0, main, width, [], body)
         if loop.extent - main:
             self._tail_tile(loop)
 
@@ -501,25 +509,25 @@ class KernelCodegen:
         def body(index, carried):
             self._in_tile(loop.var.name, width, index, None, loop.body)
             return carried
-        self._loop(self.b.mul(first_tile, tiles), self.b.mul(stop, tiles), width, [], body)
+        self.loop(self.b.mul(first_tile, tiles), self.b.mul(stop, tiles), width, [], body)
         if loop.extent - whole * width:
             with self.b.if_then(self.b.icmp_signed(">", end_tile, ir.Constant(I64, whole))):
                 self._tail_tile(loop)
 
     def _in_tile(self, var, width, base, mask, body) -> None:
         saved = self.lane
-        self.lane = _Lane(var, width, base, mask)
-        self._push()
+        self.lane = Lane(var, width, base, mask)
+        self.push_scope()
         for inner in body:
             self.stmt(inner)
-        self._pop()
+        self.pop_scope()
         self.lane = saved
 
     def _tail_mask(self, width: int, active: int) -> ir.Value:
         return ir.Constant(ir.VectorType(I1, width), [1 if i < active else 0
                                                       for i in range(width)])
 
-    def _loop(self, start, stop, step: int, inits: list[ir.Value], body):
+    def loop(self, start, stop, step: int, inits: list[ir.Value], body):
         """A counted loop [start, stop) by `step` carrying values. Static bounds must have
         stop > start; runtime (ir.Value) bounds are checked first and may be empty. Short
         static reductions (at most UNROLL_TRIPS trips) are emitted unrolled: most of what
@@ -585,7 +593,7 @@ class KernelCodegen:
             return ("scalar", self.expr(flat).value)
         affine = to_affine(flat)
         if any(self._depends_on_lane(e) for e, _ in affine.opaque):
-            return ("gather", self._as_vector(self.expr(flat)))
+            return ("gather", self.as_vector(self.expr(flat)))
         coefficient = affine.coefficient(lane.var)
         base = self._uniform(flat)
         if coefficient == 1:
@@ -598,12 +606,12 @@ class KernelCodegen:
         # Cached values may be vectors of this tile; evaluate from a clean cache (LLVM's CSE
         # merges what is recomputed).
         self.lane, self.cache = None, [{}]
-        self._push()
+        self.push_scope()
         self.env[-1][lane.var] = Val(lane.base, False)
         try:
             value = self.expr(expr)
         finally:
-            self._pop()
+            self.pop_scope()
             self.lane, self.cache = lane, cache
         return value.value
 
@@ -627,7 +635,7 @@ class KernelCodegen:
     def _lane_offsets(self, base: ir.Value, coefficient: int) -> ir.Value:
         width = self.lane.width
         steps = ir.Constant(ir.VectorType(I64, width), [i * coefficient for i in range(width)])
-        return self.b.add(self._splat(base, width), steps)
+        return self.b.add(self.splat(base, width), steps)
 
     def _load(self, load: L.Load) -> Val:
         loaded = self._load_stored(load)
@@ -680,7 +688,7 @@ class KernelCodegen:
             return
         width = self.lane.width
         vtype = ir.VectorType(element, width)
-        vector = self._as_vector(value)
+        vector = self.as_vector(value)
         mask = self.lane.mask
         if plan[0] == "contiguous":
             pointer = self._element_pointer(buffer, plan[1])
@@ -745,18 +753,18 @@ class KernelCodegen:
                 return scope[var.name]
         raise KeyError(f"unbound variable {var.name}")
 
-    def _splat(self, value: ir.Value, width: int) -> ir.Value:
+    def splat(self, value: ir.Value, width: int) -> ir.Value:
         vtype = ir.VectorType(value.type, width)
         inserted = self.b.insert_element(ir.Constant(vtype, None), value, ir.Constant(I32, 0))
         return self.b.shuffle_vector(inserted, ir.Constant(vtype, None),
                                      ir.Constant(ir.VectorType(I32, width), [0] * width))
 
-    def _as_vector(self, value: Val) -> ir.Value:
-        return value.value if value.vector else self._splat(value.value, self.lane.width)
+    def as_vector(self, value: Val) -> ir.Value:
+        return value.value if value.vector else self.splat(value.value, self.lane.width)
 
     def _unify(self, *values: Val) -> tuple[Val, ...]:
         if any(v.vector for v in values):
-            return tuple(Val(self._as_vector(v), True) for v in values)
+            return tuple(Val(self.as_vector(v), True) for v in values)
         return values
 
     def _binary(self, op: str, lhs: Val, rhs: Val, dtype: str) -> Val:
@@ -866,15 +874,15 @@ class KernelCodegen:
             inits = [typed(self._identity(reduce.op, reduce.dtype))]
 
         def body(index, carried):
-            self._push()
+            self.push_scope()
             self.env[-1][reduce.var.name] = Val(index, False)
             value = self.expr(reduce.body)
-            self._pop()
+            self.pop_scope()
             if varying and not value.vector:
-                value = Val(self._splat(value.value, width), True)
+                value = Val(self.splat(value.value, width), True)
             return self._combine(reduce.op, carried, value, index, body_dtype, varying)
 
-        final = self._loop(0, reduce.extent, 1, inits, body)
+        final = self.loop(0, reduce.extent, 1, inits, body)
         if reduce.op == "argmax":
             return Val(final[-1], varying)
         if reduce.op == "max" and body_dtype in L.FLOAT_TYPES:
@@ -917,7 +925,7 @@ class KernelCodegen:
             greater = self._binary("or", greater, first_nan, L.BOOL)
         index_val = Val(index, False)
         if varying:
-            index_val = Val(self._splat(index, self.lane.width), True)
+            index_val = Val(self.splat(index, self.lane.width), True)
         new_best = self.b.select(greater.value, value.value, best)
         new_index = self.b.select(greater.value, index_val.value, best_index)
         return [new_best, new_index]
@@ -939,10 +947,10 @@ class KernelCodegen:
         def tile(base, mask, carried, tile_width=width):
             """One tile folded into `carried`; None: the tile starts the accumulator."""
             saved = self.lane
-            self.lane = _Lane(reduce.var.name, tile_width, base, mask)
-            self._push()
-            value = self._as_vector(self.expr(reduce.body))
-            self._pop()
+            self.lane = Lane(reduce.var.name, tile_width, base, mask)
+            self.push_scope()
+            value = self.as_vector(self.expr(reduce.body))
+            self.pop_scope()
             if tile_width < width or mask is not None:
                 # Masked-off lanes, and the lanes a narrow tail lacks, hold the identity.
                 fill = ir.Constant(ir.VectorType(vtype.element, tile_width),
@@ -970,7 +978,7 @@ class KernelCodegen:
             carried = tile(ir.Constant(I64, 0), None, None)
             start = width
         if main > start:
-            carried = self._loop(start, main, width, carried,
+            carried = self.loop(start, main, width, carried,
                                  lambda index, acc: tile(index, None, acc))
         if reduce.extent - main:
             active = reduce.extent - main
@@ -1018,7 +1026,7 @@ class KernelCodegen:
         value = self.expr(check.value)
         limit = ir.Constant(I64, check.limit)
         if value.vector:
-            limit = self._splat(limit, self.lane.width)
+            limit = self.splat(limit, self.lane.width)
         outside = self.b.icmp_unsigned(">=", value.value, limit)
         if value.vector:
             if self.lane.mask is not None:
@@ -1030,7 +1038,7 @@ class KernelCodegen:
         with self.b.if_then(any_outside, likely=False):
             # Values computed on this error path must not be cached for the code after it,
             # which this block does not dominate.
-            self._push()
+            self.push_scope()
             shape = self.kernel.check_sites[check.site].ids_shape
             position = self.expr(_linear(check.position, shape))
             bad_value, bad_position = value.value, position.value
@@ -1045,8 +1053,8 @@ class KernelCodegen:
             for slot, item in enumerate((ir.Constant(I64, check.site), bad_value, bad_position)):
                 pointer = self.b.gep(self.err, [ir.Constant(I64, slot)], source_etype=I64)
                 self.b.store(item, pointer)
-            self._finish(ir.Constant(I64, check.site + 1))
-            self._pop()
+            self.finish(ir.Constant(I64, check.site + 1))
+            self.pop_scope()
         return value
 
     # ---- intrinsics ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from . import config
 from .loopir import format_kernel
 from .pipeline import assembly, codegen, plan_program, to_llvm
 from .runtime import IdOutOfRangeError
+from .tuning import tile_chooser
 
 
 def run_backend_stages(program: Program, source: Source, args, started: float) -> int:
@@ -33,7 +34,7 @@ def run_backend_stages(program: Program, source: Source, args, started: float) -
     if not needs_code:
         return 0
     options = config.load(args.target)
-    plans = plan_program(program, names, options)
+    plans = plan_program(program, names, options, tile_chooser(options))
     if "loops" in args.emit:
         for plan in plans:
             print(format_kernel(plan.kernel))

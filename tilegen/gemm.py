@@ -25,6 +25,7 @@ import math
 from llvmlite import ir
 
 from . import loopir as L
+from .codegen import Lane, Val
 from .schedule import strided_load
 from .target import Target
 
@@ -89,7 +90,7 @@ def emit_gemm(cg, gemm: L.Gemm) -> None:
         def body(index, carried):
             run_batch(position + 1, batch_values + [index])
             return carried
-        cg._loop(0, extents[position], 1, [], body)
+        cg.loop(0, extents[position], 1, [], body)
 
     run_batch(0, [])
 
@@ -110,7 +111,7 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
             base = b.mul(flat, units)
             start = _smax(b, b.sub(lo, base), ir.Constant(I64, 0))
             stop = _smin(b, b.sub(hi, base), units)
-            child._push()
+            child.push_scope()
             remainder = flat
             for var, extent in reversed(list(zip(gemm.batch, gemm.batch_extents,
                                                  strict=True))):
@@ -119,9 +120,9 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
                 remainder = b.sdiv(remainder, extent_value)
             _GemmEmitter(child, gemm).rows(b.mul(start, ir.Constant(I64, mr)),
                                            _row_end(child, stop, mr, gemm.m))
-            child._pop()
+            child.pop_scope()
             return carried
-        child._loop(first, last, 1, [], entry)
+        child.loop(first, last, 1, [], entry)
     cg.parallel(batches * row_units, gemm.threads, body)
 
 
@@ -141,7 +142,7 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
                                        _row_end(child, hi, mr, gemm.m))
 
     # The batch indices reach the threads through the captured environment.
-    cg._push()
+    cg.push_scope()
     for var, value in zip(gemm.batch, batch_values, strict=True):
         cg.env[-1][var.name] = _val(value)
     if gemm.threads > 1 and gemm.n > gemm.m and column_units >= gemm.threads:
@@ -152,12 +153,10 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
         cg.parallel(row_units, gemm.threads, row_body)
     else:
         _GemmEmitter(cg, gemm).rows(ir.Constant(I64, 0), ir.Constant(I64, gemm.m))
-    cg._pop()
+    cg.pop_scope()
 
 
 def _val(value):
-    from .codegen import Val
-
     return Val(value, False)
 
 
@@ -226,8 +225,8 @@ class _GemmEmitter:
     def lane_mask(self, first, limit):
         """Lanes first + 0..lanes-1 that are < limit (runtime values)."""
         steps = ir.Constant(ir.VectorType(I64, self.lanes), list(range(self.lanes)))
-        index = self.b.add(self.cg._splat(first, self.lanes), steps)
-        return self.b.icmp_signed("<", index, self.cg._splat(limit, self.lanes))
+        index = self.b.add(self.cg.splat(first, self.lanes), steps)
+        return self.b.icmp_signed("<", index, self.cg.splat(limit, self.lanes))
 
     def scratch(self, count: int):
         """This thread's block for the packed panels, cached between calls in one slot per
@@ -240,14 +239,14 @@ class _GemmEmitter:
         if threads > 1:
             # Two threads landing on one slot would still be safe (the exchange hands the
             # block to one of them); the clamp only keeps the index in range.
-            number = self.b.call(self.cg._declare("omp_get_thread_num", ir.FunctionType(
+            number = self.b.call(self.cg.declare("omp_get_thread_num", ir.FunctionType(
                 ir.IntType(32), [])), [])
             thread = _smin(self.b, self.b.sext(number, I64), self.const(threads - 1))
         slot = self.cg.block_slot(first, thread)
         pointer = self.cg.acquire_block(slot, nbytes)
         failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
         with self.b.if_then(failed, likely=False):
-            self.cg._finish(self.const(-1))
+            self.cg.finish(self.const(-1))
         self.cg.cleanups.append(pointer)
         return pointer, slot
 
@@ -281,11 +280,11 @@ class _GemmEmitter:
                     self.micro_tiles(packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                                      col_end)
                     return carried
-                self.cg._loop(row_lo, row_hi, t.mc, [], row_block)
+                self.cg.loop(row_lo, row_hi, t.mc, [], row_block)
                 return carried
-            self.cg._loop(0, g.k_extent, t.kc, [], depth_block)
+            self.cg.loop(0, g.k_extent, t.kc, [], depth_block)
             return carried
-        self.cg._loop(col_lo, col_hi, t.nc, [], column_block)
+        self.cg.loop(col_lo, col_hi, t.nc, [], column_block)
         self.cg.cleanups.remove(block)
         self.cg.release_block(block, slot)
 
@@ -293,16 +292,14 @@ class _GemmEmitter:
 
     def _tile_value(self, expr: L.Expr, lane_var: L.Var, base, mask, bindings) -> ir.Value:
         """`expr` evaluated for lanes lane_var = base + 0..lanes-1 (inactive lanes: 0)."""
-        from .codegen import Val, _Lane
-
         cg = self.cg
         saved = cg.lane
-        cg.lane = _Lane(lane_var.name, self.lanes, base, mask)
-        cg._push()
+        cg.lane = Lane(lane_var.name, self.lanes, base, mask)
+        cg.push_scope()
         for var, value in bindings:
             cg.env[-1][var.name] = Val(value, False)
-        value = cg._as_vector(cg.expr(expr))
-        cg._pop()
+        value = cg.as_vector(cg.expr(expr))
+        cg.pop_scope()
         cg.lane = saved
         return self.b.select(mask, value, ir.Constant(self.vector, None))
 
@@ -333,9 +330,9 @@ class _GemmEmitter:
                                         self.const(part * self.lanes))
                     self.b.store(value, self.gep(packed, offset), align=BYTES[g.dtype])
                 return carried
-            self.cg._loop(self.const(0), kc, 1, [], depth)
+            self.cg.loop(self.const(0), kc, 1, [], depth)
             return carried
-        self.cg._loop(self.const(0), nc, nr, [], panel)
+        self.cg.loop(self.const(0), nc, nr, [], panel)
 
     def _transposed_block(self, expr, lane_var, lane_base, lane_mask, fixed_var, fixed_at):
         """`lanes` x `lanes` elements of `expr`: vector v loaded along `lane_var` (from
@@ -344,7 +341,7 @@ class _GemmEmitter:
         b, vectors = self.b, []
         for v in range(self.lanes):
             value, inside = fixed_at(v)
-            mask = b.and_(lane_mask, self.cg._splat(inside, self.lanes))
+            mask = b.and_(lane_mask, self.cg.splat(inside, self.lanes))
             vectors.append(self._tile_value(expr, lane_var, lane_base, mask,
                                             [(fixed_var, value)]))
         return _transpose(b, vectors)
@@ -379,12 +376,12 @@ class _GemmEmitter:
                     self.const(part * lanes)), k, kc, partial)
 
         def panel(jr, carried):
-            self.cg._loop(self.const(0), whole, lanes, [],
+            self.cg.loop(self.const(0), whole, lanes, [],
                           lambda k, carried: chunk(jr, k, False) or carried)
             with b.if_then(b.icmp_signed("<", whole, kc)):
                 chunk(jr, whole, True)
             return carried
-        self.cg._loop(self.const(0), nc, nr, [], panel)
+        self.cg.loop(self.const(0), nc, nr, [], panel)
 
     def pack_a(self, packed, ic, mc, pc, kc) -> None:
         """Ap[r * stride + k] = A[ic + r, pc + k] for r < mc, k < kc (rows copied)."""
@@ -401,9 +398,9 @@ class _GemmEmitter:
                 offset = self.b.add(self.b.mul(r, self.const(stride)), k)
                 self.b.store(value, self.gep(packed, offset), align=BYTES[g.dtype])
                 return carried
-            self.cg._loop(self.const(0), kc, self.lanes, [], depth)
+            self.cg.loop(self.const(0), kc, self.lanes, [], depth)
             return carried
-        self.cg._loop(self.const(0), mc, 1, [], row)
+        self.cg.loop(self.const(0), mc, 1, [], row)
 
     def pack_a_transposed(self, packed, ic, mc, pc, kc) -> None:
         """pack_a for an A read along i: `lanes` depths x `lanes` rows at a time, each depth
@@ -424,9 +421,9 @@ class _GemmEmitter:
                 self._store_rows(packed, rows, lambda row: b.add(
                     b.mul(b.add(r, self.const(row)), self.const(stride)), k), r, mc, partial)
                 return carried
-            self.cg._loop(self.const(0), kc, lanes, [], depth)
+            self.cg.loop(self.const(0), kc, lanes, [], depth)
 
-        self.cg._loop(self.const(0), whole, lanes, [],
+        self.cg.loop(self.const(0), whole, lanes, [],
                       lambda r, carried: chunk(r, False) or carried)
         with b.if_then(b.icmp_signed("<", whole, mc)):
             chunk(whole, True)
@@ -453,9 +450,9 @@ class _GemmEmitter:
                                 self.gep(packed_b, b.mul(jr, kc)), kc, c, self.const(g.n),
                                 b.sub(row_hi, row0), columns, first])
                 return carried
-            self.cg._loop(self.const(0), mc, t.mr, [], block)
+            self.cg.loop(self.const(0), mc, t.mr, [], block)
             return carried
-        self.cg._loop(self.const(0), nc, t.nr, [], panel)
+        self.cg.loop(self.const(0), nc, t.nr, [], panel)
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,

@@ -18,7 +18,7 @@ import tempfile
 
 from kina_frontend.diagnostics import KinaError
 
-from . import __version__, forksafe
+from . import forksafe
 from .cabi import check_c_names, glue_source, header
 from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .parallel import THREADS_SUFFIX
@@ -34,6 +34,7 @@ from .runtime import (
 from .signature import Signature
 from .symbols import METADATA, RUNTIME_TABLE, function_symbol, kernel_symbol
 from .target import host_target
+from .version import __version__
 
 FORMAT = "tilegen-library-v1"
 KINDS = {".so": "shared", ".o": "object", ".a": "static"}

@@ -54,12 +54,19 @@ class View:
     depth: int = 0  # how many fused ops deep its element expression is
 
 
+# (dtype, batch extents, m, n, k, threads) -> the tiles of that matmul. The driver hands
+# one in (tilegen/tuning.py: autotuning); without one, gemm.default_tiles.
+TileChooser = Callable[[str, tuple[int, ...], int, int, int, int], L.GemmTiles]
+
+
 class LowerContext:
     """What an op's `lower` rule may use; one per function being lowered."""
 
-    def __init__(self, function: Function, options: Config):
+    def __init__(self, function: Function, options: Config,
+                 choose_tiles: TileChooser | None = None):
         self.function = function
         self.options = options
+        self.choose_tiles = choose_tiles
         self.simplifier = IndexSimplifier()
         self.buffers: list[L.Buffer] = []
         self.body: list[L.Stmt] = []
@@ -197,11 +204,8 @@ class LowerContext:
         batch = tuple(self.var(e, "b") for e in batch_extents)
         i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")
         threads = self.options.num_threads if 2 * m * n * k >= GEMM_PARALLEL_WORK else 1
-        if self.options.autotune:
-            from . import autotune
-
-            tiles = autotune.choose(dtype, batch_extents, m, n, k, threads,
-                                    self.options.cache_dir, self.options.target)
+        if self.choose_tiles is not None:
+            tiles = self.choose_tiles(dtype, batch_extents, m, n, k, threads)
         else:
             tiles = gemm_module.default_tiles(dtype, m, n, k, self.options.target)
         return L.Gemm(out, batch, batch_extents, i, j, kk, m, n, k, a.at(batch + (i, kk)),
@@ -224,9 +228,11 @@ def _reads_by_id(expr: L.Expr) -> bool:
 
 
 def lower_function(function: Function, kernel_name: str | None = None,
-                   options: Config | None = None) -> L.Kernel:
-    """Lower an inlined function (no `call`/`reverse_mode`/`placeholder`) to a kernel."""
-    ctx = LowerContext(function, options or config.load())
+                   options: Config | None = None,
+                   choose_tiles: TileChooser | None = None) -> L.Kernel:
+    """Lower an inlined function (no `call`/`reverse_mode`/`placeholder`) to a kernel;
+    `choose_tiles` picks each matmul's tiles (default: gemm.default_tiles)."""
+    ctx = LowerContext(function, options or config.load(), choose_tiles)
     views: dict[str, View] = {}
     inputs = []
     for param in function.params:

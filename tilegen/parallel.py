@@ -61,7 +61,7 @@ def emit_parallel(cg: C.KernelCodegen, extent: int, threads: int, body) -> None:
     child = OutlinedCodegen(cg, f"{cg.function.name}.par{cg.outlined_count}", names,
                             captured, threads)
     child.run_chunk(extent, body)
-    gomp = cg._declare("GOMP_parallel", ir.FunctionType(
+    gomp = cg.declare("GOMP_parallel", ir.FunctionType(
         ir.VoidType(), [PTR, PTR, I32, I32]))
     b.call(gomp, [child.function, context, _thread_count(cg, threads), ir.Constant(I32, 0)])
     _report_first_failure(cg, records, threads)
@@ -101,7 +101,7 @@ def _report_first_failure(cg: C.KernelCodegen, records: ir.Value, threads: int) 
             value = b.load(_slot(b, records, b.add(record, ir.Constant(I64, 1 + item))),
                            typ=I64)
             b.store(value, _slot(b, cg.err, item))
-        cg._finish(b.load(_slot(b, records, record), typ=I64))
+        cg.finish(b.load(_slot(b, records, record), typ=I64))
 
 
 def _alloca(b: ir.IRBuilder, count: int, name: str) -> ir.Value:
@@ -128,6 +128,7 @@ class OutlinedCodegen(C.KernelCodegen):
         self.kernel = parent.kernel
         self.math = parent.math
         self.target = parent.target
+        self.emitters = parent.emitters
         self.buffers = parent.buffers
         self.root = parent.root
         self.function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), name)
@@ -149,9 +150,9 @@ class OutlinedCodegen(C.KernelCodegen):
         self.env = [{name: C.Val(b.load(_slot(b, context, len(names) + 1 + i),
                                         typ=value.value.type), False)
                      for i, (name, value) in enumerate(captured)}]
-        self.thread_count = b.sext(b.call(self._declare(
+        self.thread_count = b.sext(b.call(self.declare(
             "omp_get_num_threads", ir.FunctionType(I32, [])), []), I64)
-        self.thread_number = b.sext(b.call(self._declare(
+        self.thread_number = b.sext(b.call(self.declare(
             "omp_get_thread_num", ir.FunctionType(I32, [])), []), I64)
         # Never past the records allocated for `threads` (the count is at most that).
         number = b.select(b.icmp_signed("<", self.thread_number, ir.Constant(I64, threads)),
@@ -171,7 +172,7 @@ class OutlinedCodegen(C.KernelCodegen):
         b.position_at_end(self.exit_block)
         b.ret_void()
 
-    def _finish(self, status: ir.Value) -> None:
+    def finish(self, status: ir.Value) -> None:
         for pointer in self.cleanups:
             self.b.call(self._free(), [pointer])
         self.b.store(status, self.status_slot)

@@ -25,11 +25,13 @@ from kina_frontend.transforms import (
 from . import config
 from . import loopir as L
 from .cabi import build_packed_entry
-from .codegen import KernelCodegen
+from .codegen import Emitters, KernelCodegen
 from .config import Config
 from .fastcall import build_entry, build_keyword_entry
 from .fission import fission_pass
-from .lower import lower_function
+from .gemm import emit_gemm
+from .lower import TileChooser, lower_function
+from .parallel import emit_parallel, thread_state_global
 from .rowscale import defer_row_scaling
 from .schedule import parallelize_pass, thread_interchange_pass, vectorize_pass
 from .symbols import function_symbol, kernel_symbol
@@ -46,6 +48,10 @@ SCHEDULE_PASSES = (
     ("vectorize", lambda kernel, options: vectorize_pass(kernel, options.target)),
     ("parallelize", lambda kernel, options: parallelize_pass(kernel, options.num_threads)),
 )
+
+
+# The statements codegen leaves to the modules above it.
+EMITTERS = Emitters(gemm=emit_gemm, parallel=emit_parallel, thread_state=thread_state_global)
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,12 @@ def prepare(program: Program, name: str, options: Config | None = None) -> Funct
     return project_before_gather(prepare_for_codegen(program, name, options.max_inlined_ops))
 
 
-def lower(function: Function, options: Config) -> L.Kernel:
-    return lower_function(function, options=options)
+def lower(function: Function, options: Config,
+          choose_tiles: TileChooser | None = None) -> L.Kernel:
+    if options.autotune and choose_tiles is None:
+        raise ValueError("autotuning (TILEGEN_AUTOTUNE=1) needs the driver's tile chooser: "
+                         "pass choose_tiles=tilegen.tuning.tile_chooser(options)")
+    return lower_function(function, options=options, choose_tiles=choose_tiles)
 
 
 def schedule(kernel: L.Kernel, options: Config) -> L.Kernel:
@@ -117,9 +127,11 @@ class PlanTable(Mapping[str, KernelPlan]):
     still found at construction, for every function: an inlined size over the limit and
     a `reverseMode` the autodiff transform rejects (its result is cached for later)."""
 
-    def __init__(self, program: Program, names: tuple[str, ...] | None, options: Config):
+    def __init__(self, program: Program, names: tuple[str, ...] | None, options: Config,
+                 choose_tiles: TileChooser | None = None):
         self._program = program
         self._options = options
+        self._choose_tiles = choose_tiles
         selected = [f for f in program.functions if names is None or f.name in names]
         self._names = tuple(f.name for f in selected)
         for function in selected:  # every size diagnostic before any (possibly long) planning
@@ -144,7 +156,8 @@ class PlanTable(Mapping[str, KernelPlan]):
         with self._lock:
             if name not in self._plans:
                 prepared = prepare(self._program, name, self._options)
-                kernel = schedule(lower(prepared, self._options), self._options)
+                kernel = schedule(lower(prepared, self._options, self._choose_tiles),
+                                  self._options)
                 self._plans[name] = KernelPlan(prepared, kernel, self._options.target,
                                                self._options.stack_bytes)
             return self._plans[name]
@@ -165,9 +178,11 @@ class PlanTable(Mapping[str, KernelPlan]):
 
 
 def plan_program(program: Program, names: tuple[str, ...] | None = None,
-                 options: Config | None = None) -> list[KernelPlan]:
-    """Every selected function planned now (the CLI, `.so` files and the disk cache)."""
-    return list(PlanTable(program, names, options or config.load()).values())
+                 options: Config | None = None,
+                 choose_tiles: TileChooser | None = None) -> list[KernelPlan]:
+    """Every selected function planned now (the CLI, `.so` files and the disk cache);
+    `choose_tiles`: see `lower.TileChooser`."""
+    return list(PlanTable(program, names, options or config.load(), choose_tiles).values())
 
 
 def plans_target(plans: list[KernelPlan]) -> Target:
@@ -186,8 +201,8 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina",
     module.triple = target.triple
     math = MathLibrary(module, target)
     for plan in plans:
-        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, target, profile,
-                                  plan.stack_bytes).build()
+        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, target,
+                                  EMITTERS, profile, plan.stack_bytes).build()
         build_packed_entry(module, kernel_fn, plan.packed_symbol)
         entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
         build_keyword_entry(module, plan.kernel, entry, plan.call_symbol)

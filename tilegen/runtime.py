@@ -27,7 +27,7 @@ from kina_frontend.diagnostics import KinaError
 from . import forksafe
 from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
-from .interop import as_input, as_output
+from .interop import ArgumentError, as_input, as_output
 from .parallel import THREADS_SUFFIX
 from .pipeline import KernelPlan, PlanTable, codegen, jit_object_code, plans_target, to_llvm
 from .signature import Signature
@@ -38,10 +38,6 @@ from .target import LLVM_LOCK, Target, new_target_machine
 class IdOutOfRangeError(IndexError):
     """A gather/one_hot id outside its table reached compiled code (which then stopped
     before reading anything out of bounds)."""
-
-
-class ArgumentError(TypeError):
-    """A call's arguments do not match the Kina signature."""
 
 
 class _ErrorRecord(threading.local):
