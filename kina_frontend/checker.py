@@ -908,6 +908,3 @@ def specialize(checked: CheckedProgram) -> Program:
                                   function.span))
     return Program(checked.program.constants, tuple(functions))
 
-
-def dtype_of(name: str) -> DType:
-    return SURFACE_DTYPES[name]

@@ -25,15 +25,13 @@ import math
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen import Lane, Val
+from .codegen import SCALAR_LLVM, Lane, Val
 from .schedule import strided_load
 from .target import Target
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
-ELEMENT = {L.F32: ir.FloatType(), L.F64: ir.DoubleType()}
-BYTES = {L.F32: 4, L.F64: 8}
 # The register block leaves a quarter of the vector registers for the B row and the A
 # broadcasts, and takes at most this many rows.
 MAX_MR = 14
@@ -44,7 +42,7 @@ MAX_KC = 512
 def supports(dtype: str) -> bool:
     """Whether the packed gemm handles `dtype` (the float types computed in their own
     type)."""
-    return dtype in ELEMENT
+    return dtype in L.FLOAT_TYPES
 
 
 def default_tiles(dtype: str, m: int, n: int, k: int, target: Target) -> L.GemmTiles:
@@ -204,7 +202,7 @@ class _GemmEmitter:
         if gemm.tiles.nr % self.lanes:
             raise ValueError(f"gemm tiles nr={gemm.tiles.nr} are not whole vectors of "
                              f"{self.lanes} lanes ({cg.target.name})")
-        self.element = ELEMENT[gemm.dtype]
+        self.element = SCALAR_LLVM[gemm.dtype]
         self.vector = ir.VectorType(self.element, self.lanes)
         self.tiles = gemm.tiles
         self.vectors_per_row = gemm.tiles.nr // self.lanes
@@ -232,7 +230,7 @@ class _GemmEmitter:
         """This thread's block for the packed panels, cached between calls in one slot per
         thread (`KernelCodegen.acquire_block`); returned to it when `rows` ends, freed by any
         error exit taken while it is live (`cg.cleanups`). Returns (block, slot)."""
-        nbytes = count * BYTES[self.g.dtype] + 128
+        nbytes = count * L.ELEMENT_BYTES[self.g.dtype] + 128
         threads = max(1, self.g.threads)
         first = self.cg.new_block_slots(threads)
         thread = self.const(0)
@@ -263,8 +261,8 @@ class _GemmEmitter:
         block, slot = self.scratch(a_size + t.kc * t.nc)
         packed_a = block
         # B's panel starts on a 64-byte boundary after A's.
-        packed_b = self.gep(block, self.const(-(-a_size * BYTES[g.dtype] // 64) * 64
-                                              // BYTES[g.dtype]))
+        packed_b = self.gep(block, self.const(-(-a_size * L.ELEMENT_BYTES[g.dtype] // 64) * 64
+                                              // L.ELEMENT_BYTES[g.dtype]))
 
         def column_block(jc, carried):
             nc = _smin(self.b, self.const(t.nc), self.b.sub(col_end, jc))
@@ -328,7 +326,7 @@ class _GemmEmitter:
                     offset = self.b.add(self.b.add(self.b.mul(jr, kc),
                                                    self.b.mul(k, self.const(nr))),
                                         self.const(part * self.lanes))
-                    self.b.store(value, self.gep(packed, offset), align=BYTES[g.dtype])
+                    self.b.store(value, self.gep(packed, offset), align=L.ELEMENT_BYTES[g.dtype])
                 return carried
             self.cg.loop(self.const(0), kc, 1, [], depth)
             return carried
@@ -353,9 +351,9 @@ class _GemmEmitter:
             pointer = self.gep(packed, offset_of(t))
             if partial:
                 with b.if_then(b.icmp_signed("<", b.add(first, self.const(t)), limit)):
-                    b.store(row, pointer, align=BYTES[self.g.dtype])
+                    b.store(row, pointer, align=L.ELEMENT_BYTES[self.g.dtype])
             else:
-                b.store(row, pointer, align=BYTES[self.g.dtype])
+                b.store(row, pointer, align=L.ELEMENT_BYTES[self.g.dtype])
 
     def pack_b_transposed(self, packed, jc, nc, pc, kc) -> None:
         """pack_b for a B read along k: `lanes` columns x `lanes` depths at a time, each
@@ -396,7 +394,7 @@ class _GemmEmitter:
                 value = self._tile_value(g.a_elem, g.k, self.b.add(pc, k), mask,
                                          [(g.i, self.b.add(ic, r))])
                 offset = self.b.add(self.b.mul(r, self.const(stride)), k)
-                self.b.store(value, self.gep(packed, offset), align=BYTES[g.dtype])
+                self.b.store(value, self.gep(packed, offset), align=L.ELEMENT_BYTES[g.dtype])
                 return carried
             self.cg.loop(self.const(0), kc, self.lanes, [], depth)
             return carried
@@ -467,7 +465,7 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
     existing = module.globals.get(name)
     if existing is not None:
         return existing
-    element = ELEMENT[dtype]
+    element = SCALAR_LLVM[dtype]
     vector = ir.VectorType(element, lanes)
     parts = nr // lanes
     i32 = ir.IntType(32)
@@ -500,7 +498,7 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
         return b.shuffle_vector(inserted, ir.Constant(ir.VectorType(ty, lanes), None),
                                 ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
 
-    suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
+    suffix = f"v{lanes}{dtype}"
     fma = declare(f"llvm.fma.{suffix}", vector, [vector] * 3)
     mask_type = ir.VectorType(I1, lanes)
     masked_load = declare(f"llvm.masked.load.{suffix}.p0", vector, [PTR, i32, mask_type, vector])
@@ -522,7 +520,7 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
         phi.add_incoming(zero, entry)
         accumulators.append(phi)
     b_row = gep(bp, b.mul(k, const(nr)))
-    columns = [b.load(gep(b_row, const(part * lanes)), typ=vector, align=BYTES[dtype])
+    columns = [b.load(gep(b_row, const(part * lanes)), typ=vector, align=L.ELEMENT_BYTES[dtype])
                for part in range(parts)]
     updated = []
     for r in range(mr):
@@ -548,7 +546,7 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
     steps = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
     masks = [b.icmp_signed("<", b.add(splat(const(part * lanes), I64), steps),
                            splat(cols, I64)) for part in range(parts)]
-    align = ir.Constant(i32, BYTES[dtype])
+    align = ir.Constant(i32, L.ELEMENT_BYTES[dtype])
     for r in range(mr):
         with b.if_then(b.icmp_signed("<", const(r), rows)):
             row = gep(c, b.mul(const(r), ldc))

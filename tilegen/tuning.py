@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from kina_frontend import program_from_text
+from kina_frontend.types import DType
 
 from . import autotune
 from . import loopir as L
@@ -45,7 +46,7 @@ def time_candidate(dtype: str, batch: tuple[int, ...], m: int, n: int, k: int,
     """Seconds for the best of three runs of a stand-alone batch x (m x k) @ (k x n) kernel
     compiled with `tiles`. Straight through the pipeline: the compile caches must not hand
     back a module built with another candidate."""
-    kina_type = {L.F32: "F32", L.F64: "F64"}[dtype]
+    kina_type = DType(dtype).kina_name
 
     def ty(*dims):
         return f"Tensor[{kina_type}, [{', '.join(str(d) for d in batch + dims)}], @host]"
@@ -56,7 +57,7 @@ def time_candidate(dtype: str, batch: tuple[int, ...], m: int, n: int, k: int,
                          choose_tiles=lambda *shape: tiles)
     function = jit_module(plans).tune
     rng = np.random.default_rng(0)
-    numpy_type = np.float32 if dtype == L.F32 else np.float64
+    numpy_type = DType(dtype).numpy
     a = rng.standard_normal(batch + (m, k)).astype(numpy_type)
     b = rng.standard_normal(batch + (k, n)).astype(numpy_type)
     out = function(a, b)
