@@ -11,9 +11,13 @@ Measured rounds last at least 200 us unless --benchmark-min-time gives another v
 pytest-benchmark's default of 5 us puts only 3 or 4 calls of a 1.5 us function in a round,
 and the round's own timer reads and dispatch (~0.15 us per call, measured on B1) would be
 counted as the function's time; at 200 us they are spread over a hundred calls or more.
+
+Unless measuring, TILEGEN_VERIFY=1 is set (when unset) for the tests and the CLIs they run.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -27,6 +31,10 @@ def pytest_configure(config):
         config.getoption("benchmark_enable", False)
     if not measuring and hasattr(config.option, "benchmark_disable"):
         config.option.benchmark_disable = True
+    if not measuring:
+        # Tests run the tensor-IR and loop-IR verifiers after every stage (tilegen/stages.py);
+        # measured runs compile as users do.
+        os.environ.setdefault("TILEGEN_VERIFY", "1")
     if measuring and getattr(config.option, "benchmark_json", False) is None:
         # A measured run is always kept, in the git-ignored bench-results/ (not the root).
         from bench.results import new_run_path

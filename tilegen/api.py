@@ -50,8 +50,20 @@ def compile_file(path: str | os.PathLike, jit: bool = True, output: str | None =
     integer literal (shapes are proved for every value, so one source serves every size);
     `functions=("f",)` compiles only those functions (the others are still checked);
     `target="x86-64-v3"` generates code for that target instead of TILEGEN_TARGET or this
-    machine (tilegen/target.py; it must be one this machine can run)."""
-    return _compile_source(load_source(path), jit, output, consts, functions, target)
+    machine (tilegen/target.py; it must be one this machine can run).
+
+    A path ending in `.loops` is loop IR (the text `--emit loops` prints, verified as it is
+    read): its kernels are compiled as written, each a function of its input buffers
+    returning its outputs (tilegen/loopfile.py)."""
+    source = load_source(path)
+    if source.name.endswith(".loops"):
+        from .loopfile import compile_loops
+
+        if consts:
+            raise KinaError("io", f"consts= has no meaning for loop IR ({source.name}: its "
+                            f"shapes are fixed)", None)
+        return compile_loops(source, jit, output, functions, target)
+    return _compile_source(source, jit, output, consts, functions, target)
 
 
 def _compile_source(source: Source, jit: bool, output: str | None,

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from llvmlite import ir
 
 from . import loopir as L
 from . import storage
 from .affine import to_affine
+from .emitplan import UNROLL_TRIPS, joint_reduction, tail_width
 from .frame import plan_frame
 from .target import Target
 from .vecmath import MathLibrary
@@ -29,10 +31,6 @@ I64 = ir.IntType(64)
 PTR = ir.PointerType()
 SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL: I1,
                **storage.STORAGE_LLVM}
-
-# Static reduction loops, innermost loops and runs of vector tiles with at most this many
-# trips are unrolled as they are emitted.
-UNROLL_TRIPS = 4
 
 # Temporaries up to 64 KiB live on the stack up to a budget for the frame; the rest share
 # one heap workspace (tilegen/frame.py).
@@ -127,16 +125,6 @@ def _lane_max(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 _JOINT_COMBINE = {"sum": _lane_sum, "maxnum": _lane_max}
 
 
-def _tail_width(width: int, active: int) -> int:
-    """Lanes for a loop's last `active` (< width) elements: the narrowest of 4 and 8 lanes
-    that holds them. A masked 16-lane tile costs a full 512-bit op per instruction (two
-    issue slots on Zen 4); a 4-lane one, a quarter of that."""
-    for narrow in (4, 8):
-        if active <= narrow < width:
-            return narrow
-    return width
-
-
 def _int_constant(value: ir.Value) -> int | None:
     if isinstance(value, ir.Constant) and isinstance(value.type, ir.IntType) \
             and isinstance(value.constant, int):
@@ -177,15 +165,55 @@ def _const(dtype: str, value) -> ir.Constant:
     return ir.Constant(SCALAR_LLVM[dtype], int(value))
 
 
+def _neg(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
+    return cg.b.fneg(value) if dtype in L.FLOAT_TYPES else cg.b.neg(value)
+
+
+def _float_intrinsic(name: str):
+    def emit(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
+        return cg.b.call(cg._intrinsic(name, value.type, [value.type]), [value])
+    return emit
+
+
+def _abs(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
+    if dtype in L.FLOAT_TYPES:
+        return _float_intrinsic("llvm.fabs")(cg, value, dtype)
+    function = cg._intrinsic("llvm.abs", value.type, [value.type, I1])
+    return cg.b.call(function, [value, ir.Constant(I1, 0)])
+
+
+def _math(op: str):
+    def emit(cg: KernelCodegen, value: ir.Value, dtype: str) -> ir.Value:
+        return cg.math.call(cg.b, op, value)
+    return emit
+
+
+# How each unary op is emitted: (codegen, operand, dtype) -> value. An op missing here is an
+# error, never some other function (a name the math library happened to have).
+_UNARY_EMIT = {
+    L.UnaryOp.NEG: _neg,
+    L.UnaryOp.SQRT: _float_intrinsic("llvm.sqrt"),
+    L.UnaryOp.ABS: _abs,
+    L.UnaryOp.ROUND_BF16: lambda cg, value, dtype: storage.round_bf16(cg.b, value),
+    **{op: _math(op) for op in (L.UnaryOp.EXP, L.UnaryOp.LOG, L.UnaryOp.TANH, L.UnaryOp.ERF)},
+}
+_BINARY_OPS = frozenset(L.BinaryOp)
+_REDUCE_OPS = frozenset(L.ReduceOp)
+
+
 @dataclass(frozen=True)
 class Emitters:
     """What this module leaves to the modules above it, handed in by the pipeline so that
-    codegen imports neither: a `Gemm` statement (tilegen/gemm.py), a loop split across
-    threads and the kernel's thread-state global (tilegen/parallel.py)."""
+    codegen imports none of them: a `Gemm` statement (tilegen/gemm.py), a loop split across
+    threads and the kernel's thread-state global (tilegen/parallel.py), shared statements
+    (tilegen/shared.py)."""
 
     gemm: Callable[[KernelCodegen, L.Gemm], None]
     parallel: Callable[[KernelCodegen, int, int, Callable], None]
     thread_state: Callable[[KernelCodegen], ir.GlobalVariable]
+    # the kernel's repeated top-level statements, one function each (tilegen/shared.py):
+    # `.emit(position)` calls it, or returns False for a statement to generate inline
+    shared: Callable[[KernelCodegen], Any]
 
 
 class KernelCodegen:
@@ -226,21 +254,48 @@ class KernelCodegen:
         self.varying_names: set[str] = set()
         self.outlined_count = 0  # parallel regions outlined so far (their names)
 
+    def _start_helper(self, parent: KernelCodegen, function: ir.Function) -> None:
+        """State for generating `function`, a helper of `parent`'s kernel (a parallel
+        region, a shared statement): the kernel's buffers and block table, fresh scopes."""
+        self.module = parent.module
+        self.profile = False
+        self.kernel = parent.kernel
+        self.math = parent.math
+        self.target = parent.target
+        self.emitters = parent.emitters
+        self.buffers = parent.buffers
+        self.root = parent.root
+        self.function = function
+        function.linkage = "internal"
+        function.attributes.add("nounwind")
+        self.b = ir.IRBuilder(function.append_basic_block("entry"))
+        self.exit_block = function.append_basic_block("exit")
+        self.status_incoming = []
+        self.cleanups = []
+        self.workspace = None
+        self.env = [{}]
+        self.cache = [{}]
+        self.lane = None
+        self.varying_names = set()
+        self.outlined_count = 0
+
     # ---- function frame -----------------------------------------------------------------------
 
     def build(self) -> ir.Function:
         self._allocate_temporaries()
         counters = self._profile_counters() if self.profile else None
+        shared = self.emitters.shared(self)  # repeated statements: one function, many calls
         for position, stmt in enumerate(self.kernel.body):
             started = self._cycles() if counters is not None else None
-            self.stmt(stmt)
+            if not shared.emit(position):
+                self.stmt(stmt)
             if counters is not None:
                 slot = self.b.gep(counters, [ir.Constant(I64, 0), ir.Constant(I64, position)],
                                   source_etype=counters.value_type)
                 slot.type = PTR  # opaque, as LLVM 22 has it
                 spent = self.b.sub(self._cycles(), started)
                 self.b.store(self.b.add(self.b.load(slot, typ=I64), spent), slot)
-        self.finish(ir.Constant(I64, 0))
+        self.exit_with(ir.Constant(I64, 0))
         self.b.position_at_end(self.exit_block)
         status = self.b.phi(I64, name="status")
         for value, block in self.status_incoming:
@@ -275,7 +330,7 @@ class KernelCodegen:
         # dominates the exit block, which puts it back (null included) in its slot.
         failed = self.b.icmp_unsigned("==", block, ir.Constant(PTR, None))
         with self.b.if_then(failed, likely=False):
-            self.finish(ir.Constant(I64, -1))
+            self.exit_with(ir.Constant(I64, -1))
         for name, offset in offsets.items():
             pointer = self.b.gep(block, [ir.Constant(I64, offset)], source_etype=ir.IntType(8),
                                  name=f"heap.{name}")
@@ -342,7 +397,7 @@ class KernelCodegen:
     def _cycles(self) -> ir.Value:
         return self.b.call(self.declare("llvm.readcyclecounter", ir.FunctionType(I64, [])), [])
 
-    def finish(self, status: ir.Value) -> None:
+    def exit_with(self, status: ir.Value) -> None:
         for pointer in self.cleanups:
             self.b.call(self._free(), [pointer])
         self.status_incoming.append((status, self.b.block))
@@ -421,15 +476,8 @@ class KernelCodegen:
         accumulators are halved pairwise in shared shuffles, about a third of the
         instructions of one horizontal reduction each, with the other trips' work to
         overlap. False when the loop is not that."""
-        if self.lane is not None or loop.extent < 2:
-            return False
-        reductions = [e for s in loop.body if isinstance(s, (L.Let, L.Store))
-                      for e in L.subexpressions(s.value) if isinstance(e, L.Reduce)]
-        if len(reductions) != 1 or not all(isinstance(s, (L.Let, L.Store)) for s in loop.body):
-            return False
-        (reduce,) = reductions
-        if reduce.op not in _JOINT_COMBINE or not reduce.vector_width or \
-                reduce.dtype not in L.FLOAT_TYPES:
+        reduce = joint_reduction(loop, in_tile=self.lane is not None)  # tilegen/emitplan.py
+        if reduce is None:
             return False
 
         def trips(first, count: int) -> None:
@@ -493,7 +541,7 @@ class KernelCodegen:
         """A vector loop's last extent % width elements, as one narrow (4/8-lane) tile."""
         main = loop.extent // loop.width * loop.width
         active = loop.extent - main
-        narrow = _tail_width(loop.width, active)
+        narrow = tail_width(loop.width, active)
         mask = self._tail_mask(narrow, active) if active < narrow else None
         self._in_tile(loop.var.name, narrow, ir.Constant(I64, main), mask, loop.body)
 
@@ -768,6 +816,8 @@ class KernelCodegen:
         return values
 
     def _binary(self, op: str, lhs: Val, rhs: Val, dtype: str) -> Val:
+        if op not in _BINARY_OPS:  # the branches below cover exactly these
+            raise L.unknown_op("binary", op, L.BinaryOp)
         lhs, rhs = self._unify(lhs, rhs)
         a, b, vector = lhs.value, rhs.value, lhs.vector
         is_float = dtype in L.FLOAT_TYPES
@@ -803,20 +853,10 @@ class KernelCodegen:
         return Val(method(a, b), vector)
 
     def _unary(self, op: str, operand: Val, dtype: str) -> Val:
-        value = operand.value
-        if op == "neg":
-            result = self.b.fneg(value) if dtype in L.FLOAT_TYPES else self.b.neg(value)
-            return Val(result, operand.vector)
-        if op in ("sqrt", "abs") and dtype in L.FLOAT_TYPES:
-            name = "llvm.sqrt" if op == "sqrt" else "llvm.fabs"
-            return Val(self.b.call(self._intrinsic(name, value.type, [value.type]), [value]),
-                       operand.vector)
-        if op == "abs":
-            function = self._intrinsic("llvm.abs", value.type, [value.type, I1])
-            return Val(self.b.call(function, [value, ir.Constant(I1, 0)]), operand.vector)
-        if op == "round_bf16":
-            return Val(storage.round_bf16(self.b, value), operand.vector)
-        return Val(self.math.call(self.b, op, value), operand.vector)
+        emit = _UNARY_EMIT.get(op)
+        if emit is None:
+            raise L.unknown_op("unary", op, L.UnaryOp)
+        return Val(emit(self, operand.value, dtype), operand.vector)
 
     def _cast(self, value: Val, source: str, target: str) -> Val:
         ty = SCALAR_LLVM[target]
@@ -856,6 +896,8 @@ class KernelCodegen:
         return _const(dtype, -(2**63))
 
     def _reduce(self, reduce: L.Reduce) -> Val:
+        if reduce.op not in _REDUCE_OPS:  # _combine's last branch would take it as argmax
+            raise L.unknown_op("reduction", reduce.op, L.ReduceOp)
         if reduce.vector_width and self.lane is None:
             return self._vector_reduce(reduce)
         varying = self._depends_on_lane(reduce)
@@ -982,7 +1024,7 @@ class KernelCodegen:
                                  lambda index, acc: tile(index, None, acc))
         if reduce.extent - main:
             active = reduce.extent - main
-            narrow = _tail_width(width, active)
+            narrow = tail_width(width, active)
             carried = tile(ir.Constant(I64, main),
                            self._tail_mask(narrow, active) if active < narrow else None,
                            carried, narrow)
@@ -1053,7 +1095,7 @@ class KernelCodegen:
             for slot, item in enumerate((ir.Constant(I64, check.site), bad_value, bad_position)):
                 pointer = self.b.gep(self.err, [ir.Constant(I64, slot)], source_etype=I64)
                 self.b.store(item, pointer)
-            self.finish(ir.Constant(I64, check.site + 1))
+            self.exit_with(ir.Constant(I64, check.site + 1))
             self.pop_scope()
         return value
 

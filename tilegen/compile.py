@@ -1,7 +1,8 @@
 """`python -m tilegen.compile FILE.kina` -- compile a Kina program, print any stage, run @main.
 
-Stages, in pipeline order (each printable with --emit):
-  tokens  ast  types  tensor  loops  llvm  asm  mlir
+The stages, in pipeline order, are the table in tilegen/stages.py (`--list-stages` prints
+their names; each prints with `--emit NAME`). FILE may also be a `.loops` file (the text
+`--emit loops` prints), which enters the pipeline at the `loops` stage.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import time
 
 from kina_frontend import KinaError
 
-STAGES = ("tokens", "ast", "types", "tensor", "loops", "llvm", "asm", "mlir")
-
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .stages import STAGES
 
     # The console script is `tilegen`; `python -m tilegen.compile` runs this file.
     invoked = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
@@ -25,10 +25,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tilegen" if invoked == "tilegen" else "python -m tilegen.compile",
         description="Compile a Kina program with tilegen. A bare name such as "
                     "'storylm0_forward.kina' resolves against the bundled examples.")
-    parser.add_argument("file", help="a .kina file, or the name of a bundled example")
-    parser.add_argument("--emit", action="append", choices=STAGES, default=[],
-                        help="print a pipeline stage (repeatable)")
-    parser.add_argument("--function", help="restrict --emit loops/llvm/asm to one function")
+    parser.add_argument("file", nargs="?",
+                        help="a .kina file, the name of a bundled example, or a .loops file "
+                             "(loop IR as --emit loops prints it)")
+    parser.add_argument("--emit", action="append", choices=[s.name for s in STAGES],
+                        default=[], metavar="STAGE",
+                        help="print a pipeline stage (repeatable): " +
+                             "; ".join(f"{s.name}: {s.prints}" for s in STAGES))
+    parser.add_argument("--list-stages", action="store_true",
+                        help="print the stage names, one per line, in pipeline order")
+    parser.add_argument("--function", help="restrict the per-function stages (prepared "
+                                           "onwards), -o and --run to one function")
     parser.add_argument("-o", "--output",
                         help="write a library: a shared library (.so), an object (.o) or a "
                              "static library (.a), with the C ABI of docs/aot.md")
@@ -47,7 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list_stages:
+        from .stages import NAMES
+
+        print("\n".join(NAMES))
+        return 0
+    if args.file is None:
+        parser.error("the following arguments are required: file")
     try:
         return _compile(args)
     except KinaError as error:
@@ -58,35 +73,46 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from kina_frontend import ast, load_source, parse_source, resolve_path
-    from kina_frontend.checker import check_module, specialize
-    from kina_frontend.lexer import tokenize
-    from kina_frontend.report import derived_names, shown_type, types_report
-    from kina_frontend.tensor_ir import format_program
+    from kina_frontend import load_source, resolve_path
+    from kina_frontend.report import derived_names, shown_type
+
+    from . import config, stages
 
     started = time.perf_counter()
     path = resolve_path(args.file)
     source = load_source(path)
-    if "tokens" in args.emit:
-        for token in tokenize(source):
-            print(token)
-    module = parse_source(source)
-    if "ast" in args.emit:
-        print(ast.dump(module))
-    checked = check_module(module)
-    if "types" in args.emit:
-        print(types_report(checked, source.name))
-    program = specialize(checked)
-    if "tensor" in args.emit:
-        print(format_program(program, with_locations=True), end="")
     if args.header and not args.output:
         raise KinaError("io", "--header needs -o (the library the header describes)", None)
-    backend_stages = [s for s in args.emit if s in ("loops", "llvm", "asm", "mlir")]
-    if backend_stages or args.output or args.run:
-        from .driver import run_backend_stages
+    names = (args.function,) if args.function else None
+    ctx = stages.context(source, names, options=config.load(args.target))
+    wanted = set(args.emit)
+    if "obj" in wanted and not args.output and sys.stdout.isatty():
+        raise KinaError("io", "--emit obj writes object code: give -o FILE (or redirect "
+                        "standard output)", None)
+    from_loops = str(path).endswith(".loops")
+    if from_loops:
+        from .loopfile import plans_from_text
 
-        return run_backend_stages(program, source, args, started)
-    if not args.emit:
+        start, artifact = "loops", plans_from_text(source, names, ctx.options)
+    else:
+        # The front end always runs to the tensor IR: its diagnostics do not depend on what
+        # is printed.
+        start, artifact = stages.START, None
+        wanted.add("tensor")
+    if args.output or args.run:
+        wanted.add("loops")
+    artifacts = {start: artifact}
+    for stage, result in stages.run_stages(wanted, ctx, start, artifact):
+        artifacts[stage.name] = result
+        if stage.name in args.emit:
+            _print_stage(stage, stage.show(result, ctx), args)
+    if (args.output and "obj" not in args.emit) or args.run:
+        from .cli_actions import run_backend_stages
+
+        plans = list(artifacts["loops"])
+        return run_backend_stages(plans, artifacts.get("tensor"), source, args, started)
+    if not args.emit and not from_loops:
+        checked, program = artifacts["types"], artifacts["tensor"]
         checked_at = time.perf_counter()
         print(f"{source.name}: {len(program.functions)} function(s), "
               f"{len(checked.obligations)} shape obligations proved "
@@ -98,7 +124,23 @@ def _compile(args: argparse.Namespace) -> int:
             print(f"  {'@main ' if function.is_main else ''}{function.name}({params}) "
                   f"-> ({results})")
         _compile_natively(program, source, args.target)
+    elif not args.emit:
+        print(f"{source.name}: {len(artifact)} kernel(s) of loop IR, verified; --emit, -o or "
+              f"--run to compile them")
     return 0
+
+
+def _print_stage(stage, shown: str | bytes, args: argparse.Namespace) -> None:
+    if not stage.binary:
+        sys.stdout.write(shown)
+        return
+    sys.stdout.flush()
+    if args.output:
+        with open(args.output, "wb") as handle:
+            handle.write(shown)
+        print(f"wrote {args.output} ({len(shown)} bytes of object code)")
+    else:
+        sys.stdout.buffer.write(shown)
 
 
 def _compile_natively(program, source, target: str | None = None) -> None:

@@ -12,6 +12,13 @@ TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently u
 TILEGEN_TARGET       the CPU to generate code for: host (default), x86-64-v3,
                      skylake-avx512 or aarch64-linux-gnu (tilegen/target.py); JIT needs
                      one this machine can run
+TILEGEN_GOMP_SPINCOUNT  how long libgomp's idle workers spin before they sleep, given to
+                     libgomp as GOMP_SPINCOUNT when tilegen loads it (default 10000; see
+                     tilegen/runtime.py). Ignored when GOMP_SPINCOUNT or OMP_WAIT_POLICY is
+                     set, or libgomp is already in the process (PyTorch loaded it first).
+TILEGEN_VERIFY       1: run the tensor-IR verifier on each prepared function and the loop-IR
+                     verifier after lowering and after every schedule pass (tilegen/stages.py;
+                     the tests run them always)
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -27,6 +34,8 @@ from kina_frontend.transforms import MAX_INLINED_OPS
 from .target import Target, host_target, named_target
 
 MEMORY_CACHE_ENTRIES = 32
+# libgomp's default is 300 000 spins (milliseconds of a core after each parallel region).
+GOMP_SPINCOUNT = 10_000
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,8 @@ class Config:
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
+    gomp_spincount: int = field(default=GOMP_SPINCOUNT, repr=False)
+    verify: bool = field(default=False, repr=False)  # checks only: the code is the same
 
 
 def _int(name: str, default: int, minimum: int = 1) -> int:
@@ -79,4 +90,6 @@ def load(target: str | None = None) -> Config:
                                       or "host"),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
-                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS))
+                  max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),
+                  gomp_spincount=_int("TILEGEN_GOMP_SPINCOUNT", GOMP_SPINCOUNT, minimum=0),
+                  verify=_flag("TILEGEN_VERIFY", False))

@@ -244,7 +244,7 @@ class _GemmEmitter:
         pointer = self.cg.acquire_block(slot, nbytes)
         failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
         with self.b.if_then(failed, likely=False):
-            self.cg.finish(self.const(-1))
+            self.cg.exit_with(self.const(-1))
         self.cg.cleanups.append(pointer)
         return pointer, slot
 

@@ -9,8 +9,11 @@ The grammar is documented in docs/loopnest.md; `format_kernel` prints it.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
+
+from kina_frontend.diagnostics import KinaError
 
 # Scalar types of expressions.
 F32, F64, I64, BOOL = "f32", "f64", "i64", "i1"
@@ -20,19 +23,95 @@ FLOAT_TYPES = (F32, F64)
 BF16_STORAGE, BOOL_STORAGE = "bf16", "bool"
 STORAGE_VALUE_TYPES = {BF16_STORAGE: F32, BOOL_STORAGE: BOOL}
 
-BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "floordiv", "mod",
-              "lt", "le", "eq", "ne", "gt", "ge", "and", "or")
-COMPARISONS = ("lt", "le", "eq", "ne", "gt", "ge")
-UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh", "erf", "abs", "round_bf16")
+
+# The names of the IR's operations and kinds. They are `StrEnum`s, so a node built with the
+# plain string ("exp") is equal to one built with the member and prints the same; the
+# verifier (tilegen/loopir_verify.py) and codegen's dispatch tables reject any other name.
+class ScalarType(enum.StrEnum):
+    F32 = F32
+    F64 = F64
+    I64 = I64
+    BOOL = BOOL
+
+
+class StorageType(enum.StrEnum):
+    """What a buffer element may be: a scalar type or a storage-only type."""
+
+    F32 = F32
+    F64 = F64
+    I64 = I64
+    BF16 = BF16_STORAGE
+    BOOL = BOOL_STORAGE
+
+
+class BinaryOp(enum.StrEnum):
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAX = "max"
+    MIN = "min"
+    FLOORDIV = "floordiv"
+    MOD = "mod"
+    LT = "lt"
+    LE = "le"
+    EQ = "eq"
+    NE = "ne"
+    GT = "gt"
+    GE = "ge"
+    AND = "and"
+    OR = "or"
+
+
+class UnaryOp(enum.StrEnum):
+    NEG = "neg"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    TANH = "tanh"
+    ERF = "erf"
+    ABS = "abs"
+    ROUND_BF16 = "round_bf16"
+
+
+class ReduceOp(enum.StrEnum):
+    """`maxnum` ignores NaN (for row maxima whose NaNs surface anyway, as in softmax);
+    `max` returns NaN when any element is NaN, like numpy."""
+
+    SUM = "sum"
+    MAX = "max"
+    MAXNUM = "maxnum"
+    ARGMAX = "argmax"
+
+
+class LoopKind(enum.StrEnum):
+    SERIAL = "serial"
+    VECTOR = "vector"
+    PARALLEL = "parallel"
+
+
+class BufferRole(enum.StrEnum):
+    INPUT = "input"
+    OUTPUT = "output"
+    TEMP = "temp"
+
+
+BINARY_OPS = tuple(BinaryOp)
+COMPARISONS = (BinaryOp.LT, BinaryOp.LE, BinaryOp.EQ, BinaryOp.NE, BinaryOp.GT, BinaryOp.GE)
+UNARY_OPS = tuple(UnaryOp)
 # What one evaluation of a unary costs, in the units of `expr_cost` (others cost 1): the
 # transcendentals are a range reduction and a polynomial each. Passes that weigh or avoid
 # expensive element work (materialisation, fission) read this table, not op names.
 UNARY_COST = {"exp": 12, "log": 12, "tanh": 12, "erf": 16, "round_bf16": 3}
-# `maxnum` ignores NaN (for row maxima whose NaNs surface anyway, as in softmax); `max`
-# returns NaN when any element is NaN, like numpy.
-REDUCE_OPS = ("sum", "max", "maxnum", "argmax")
+REDUCE_OPS = tuple(ReduceOp)
 # Bytes per element of a buffer.
 ELEMENT_BYTES = {F32: 4, F64: 8, I64: 8, BF16_STORAGE: 2, BOOL_STORAGE: 1}
+
+
+def unknown_op(kind: str, op: str, known: type[enum.Enum]) -> KinaError:
+    """The error for an op name outside its enum, raised by whoever dispatches on it."""
+    return KinaError("lowering", f"internal error: unknown {kind} op {str(op)!r} in the loop "
+                     f"IR (known: {', '.join(m.value for m in known)})", None)
 
 
 def value_type(dtype: str) -> str:

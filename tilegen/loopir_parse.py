@@ -16,12 +16,15 @@ from kina_frontend.diagnostics import KinaError, Source, Span
 
 from . import loopir as L
 
-_TOKEN = re.compile(r"""\s*(?:
+_TOKEN = re.compile(r"""(?:\s|\#[^\n]*)*(?:
       (?P<string>"(?:[^"\\]|\\.)*")
     | (?P<number>-?(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+|inf|nan)(?::(?:f32|f64|i1))?)
     | (?P<word>[A-Za-z_][A-Za-z0-9_.]*)
     | (?P<punct>\.\.|//|<=|>=|==|!=|&&|\|\||[@:,=()\[\]{}<>+\-*/%])
     )""", re.VERBOSE)
+
+# `#` starts a comment to the end of the line (the emit-plan stage's notes).
+_COMMENTS = re.compile(r"#[^\n]*")
 
 _SYMBOLS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod",
             "<": "lt", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", ">=": "ge",
@@ -35,12 +38,31 @@ class LoopIRParseError(KinaError):
         super().__init__("ir", message, span)
 
 
-def parse_kernel(text: str, name: str = "<loop ir>") -> L.Kernel:
-    """Read `format_kernel` text back. Malformed text raises `LoopIRParseError`, a
-    `KinaError` at the line and column of the token where reading failed."""
+def parse_kernel(text: str, name: str = "<loop ir>", verify: bool = True) -> L.Kernel:
+    """Read `format_kernel` text back (one kernel). Malformed text raises
+    `LoopIRParseError`, a `KinaError` at the line and column of the token where reading
+    failed; with `verify`, a kernel that breaks an invariant of the loop IR
+    (tilegen/loopir_verify.py) is a KinaError at the statement that breaks it."""
+    kernels = parse_kernels(text, name, verify)
+    if len(kernels) != 1:
+        raise LoopIRParseError(f"expected one kernel, found {len(kernels)}",
+                               Span(Source(name, text), 0, 1))
+    return kernels[0]
+
+
+def parse_kernels(text: str, name: str = "<loop ir>", verify: bool = True) -> tuple[L.Kernel, ...]:
+    """Every kernel of a `.loops` file (the text `--emit loops` prints), in order."""
     parser = _Parser(Source(name, text))
+    kernels = []
     try:
-        return parser.kernel()
+        while parser.peek() == "kernel" or not kernels:
+            kernels.append(parser.kernel())
+            if verify:
+                _verify(parser, kernels[-1])
+        if parser.tokens[parser.at][0] != "eof":
+            raise parser.error(f"expected 'kernel' or the end of the file, found "
+                               f"{parser.peek()!r}")
+        return tuple(kernels)
     except LoopIRParseError:
         raise
     except (ValueError, KeyError, IndexError, TypeError, RecursionError) as error:
@@ -50,6 +72,16 @@ def parse_kernel(text: str, name: str = "<loop ir>") -> L.Kernel:
                            max(parser.at - 1, 0)) from None
 
 
+def _verify(parser: _Parser, kernel: L.Kernel) -> None:
+    from .loopir_verify import LoopIRVerifyError, verify_kernel
+
+    try:
+        verify_kernel(kernel)
+    except LoopIRVerifyError as error:
+        span = parser.spans.get(id(error.stmt)) or parser.kernel_span
+        raise LoopIRParseError(error.reason, span) from None
+
+
 class _Parser:
     def __init__(self, source: Source):
         self.source = source
@@ -57,7 +89,7 @@ class _Parser:
         # (kind, text, start offset) per token.
         self.tokens: list[tuple[str, str, int]] = []
         position = 0
-        while text[position:].strip():
+        while _COMMENTS.sub("", text[position:]).strip():
             match = _TOKEN.match(text, position)
             if match is None:
                 at = position + len(text[position:]) - len(text[position:].lstrip())
@@ -70,6 +102,10 @@ class _Parser:
         self.at = 0
         self.buffers: dict[str, L.Buffer] = {}
         self.scopes: list[dict[str, str]] = [{}]  # variable name -> dtype
+        # Where each statement starts (by object identity: equal statements are distinct),
+        # for the verifier's errors.
+        self.spans: dict[int, Span] = {}
+        self.kernel_span: Span | None = None
 
     # ---- tokens -------------------------------------------------------------------------------
 
@@ -113,6 +149,8 @@ class _Parser:
     # ---- kernel -------------------------------------------------------------------------------
 
     def kernel(self) -> L.Kernel:
+        self.kernel_span = self.span_here()
+        self.buffers = {}
         self.take("kernel")
         self.take("@")
         name = self.take()
@@ -168,7 +206,17 @@ class _Parser:
         self.scopes.pop()
         return tuple(statements)
 
+    def span_here(self) -> Span:
+        _, text, start = self.tokens[self.at]
+        return Span(self.source, start, start + max(len(text), 1))
+
     def statement(self) -> L.Stmt:
+        span = self.span_here()
+        stmt = self._statement()
+        self.spans[id(stmt)] = span
+        return stmt
+
+    def _statement(self) -> L.Stmt:
         word = self.peek()
         if word == "for":
             return self.loop()
@@ -297,6 +345,7 @@ class _Parser:
                 raise self.error(f"unknown buffer {name!r}", self.at - 1)
             return L.Load(name, self.index_list(), L.value_type(buffer.dtype))
         if self.peek() == "(":
+            call_at = self.at - 1
             self.take()
             args = [self.expr()]
             while self.peek() == ",":
@@ -307,9 +356,19 @@ class _Parser:
                 return L.Select(args[0], args[1], args[2], args[1].dtype)
             if name in (L.F32, L.F64, L.I64, L.BOOL):
                 return L.Cast(args[0], name)
-            if name in L.UNARY_OPS:
-                return L.Unary(name, args[0], args[0].dtype)
-            return L.Binary(name, args[0], args[1], args[0].dtype)
+            arity = 1 if name in L.UNARY_OPS else 2 if name in L.BINARY_OPS else None
+            if arity is None:
+                raise self.error(f"unknown op {name!r} (known: "
+                                 f"{', '.join(L.UNARY_OPS + L.BINARY_OPS)}, select, casts)",
+                                 call_at)
+            if len(args) != arity:
+                raise self.error(f"'{name}' takes {arity} operand(s), given {len(args)}",
+                                 call_at)
+            if arity == 1:
+                return L.Unary(L.UnaryOp(name), args[0], args[0].dtype)
+            op = L.BinaryOp(name)
+            return L.Binary(op, args[0], args[1], L.BOOL if op in L.COMPARISONS else
+                            args[0].dtype)
         return L.Var(name, self.variable_type(name))
 
     def reduce(self, op: str) -> L.Reduce:

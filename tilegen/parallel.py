@@ -101,7 +101,7 @@ def _report_first_failure(cg: C.KernelCodegen, records: ir.Value, threads: int) 
             value = b.load(_slot(b, records, b.add(record, ir.Constant(I64, 1 + item))),
                            typ=I64)
             b.store(value, _slot(b, cg.err, item))
-        cg.finish(b.load(_slot(b, records, record), typ=I64))
+        cg.exit_with(b.load(_slot(b, records, record), typ=I64))
 
 
 def _alloca(b: ir.IRBuilder, count: int, name: str) -> ir.Value:
@@ -123,25 +123,8 @@ class OutlinedCodegen(C.KernelCodegen):
 
     def __init__(self, parent: C.KernelCodegen, name: str, names: list[str], captured,
                  threads: int):
-        self.module = parent.module
-        self.profile = False
-        self.kernel = parent.kernel
-        self.math = parent.math
-        self.target = parent.target
-        self.emitters = parent.emitters
-        self.buffers = parent.buffers
-        self.root = parent.root
-        self.function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), name)
-        self.function.linkage = "internal"
-        self.function.attributes.add("nounwind")
-        self.b = ir.IRBuilder(self.function.append_basic_block("entry"))
-        self.exit_block = self.function.append_basic_block("exit")
-        self.status_incoming = []
-        self.cleanups = []
-        self.lane = None
-        self.varying_names = set()
-        self.cache = [{}]
-        self.outlined_count = 0
+        self._start_helper(parent, ir.Function(parent.module, ir.FunctionType(
+            ir.VoidType(), [PTR]), name))
         context = self.function.args[0]
         b = self.b
         self.pointers = {name: b.load(_slot(b, context, i), typ=PTR)
@@ -172,7 +155,7 @@ class OutlinedCodegen(C.KernelCodegen):
         b.position_at_end(self.exit_block)
         b.ret_void()
 
-    def finish(self, status: ir.Value) -> None:
+    def exit_with(self, status: ir.Value) -> None:
         for pointer in self.cleanups:
             self.b.call(self._free(), [pointer])
         self.b.store(status, self.status_slot)

@@ -21,6 +21,7 @@ from kina_frontend.transforms import (
     prepare_for_codegen,
     project_before_gather,
 )
+from kina_frontend.verify import IRVerifyError, verify_function
 
 from . import config
 from . import loopir as L
@@ -30,10 +31,12 @@ from .config import Config
 from .fastcall import build_entry, build_keyword_entry
 from .fission import fission_pass
 from .gemm import emit_gemm
+from .loopir_verify import verify_kernel
 from .lower import TileChooser, lower_function
 from .parallel import emit_parallel, thread_state_global
 from .rowscale import defer_row_scaling
 from .schedule import parallelize_pass, thread_interchange_pass, vectorize_pass
+from .shared import SharedStatements
 from .symbols import function_symbol, kernel_symbol
 from .target import LLVM_LOCK, Target, optimize, target_machine
 from .vecmath import MathLibrary
@@ -51,7 +54,8 @@ SCHEDULE_PASSES = (
 
 
 # The statements codegen leaves to the modules above it.
-EMITTERS = Emitters(gemm=emit_gemm, parallel=emit_parallel, thread_state=thread_state_global)
+EMITTERS = Emitters(gemm=emit_gemm, parallel=emit_parallel, thread_state=thread_state_global,
+                    shared=SharedStatements)
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,19 @@ class KernelPlan:
 
 def prepare(program: Program, name: str, options: Config | None = None) -> Function:
     options = options or config.load()
-    return project_before_gather(prepare_for_codegen(program, name, options.max_inlined_ops))
+    function = project_before_gather(prepare_for_codegen(program, name, options.max_inlined_ops))
+    if options.verify:
+        verify_prepared(function)
+    return function
+
+
+def verify_prepared(function: Function) -> None:
+    """The tensor-IR verifier on a prepared function (no calls are left), as a KinaError."""
+    try:
+        verify_function(None, function)
+    except IRVerifyError as error:
+        raise KinaError("ir", f"prepared tensor IR: {error.reason}", error.span,
+                        ("in context:\n" + error.context,) if error.context else ()) from None
 
 
 def lower(function: Function, options: Config,
@@ -109,12 +125,18 @@ def lower(function: Function, options: Config,
     if options.autotune and choose_tiles is None:
         raise ValueError("autotuning (TILEGEN_AUTOTUNE=1) needs the driver's tile chooser: "
                          "pass choose_tiles=tilegen.tuning.tile_chooser(options)")
-    return lower_function(function, options=options, choose_tiles=choose_tiles)
+    kernel = lower_function(function, options=options, choose_tiles=choose_tiles)
+    if options.verify:
+        verify_kernel(kernel, after="lowered")
+    return kernel
 
 
 def schedule(kernel: L.Kernel, options: Config) -> L.Kernel:
-    for _, pass_fn in SCHEDULE_PASSES:
+    """The schedule passes in order (the stages between `lowered` and `loops`)."""
+    for name, pass_fn in SCHEDULE_PASSES:
         kernel = pass_fn(kernel, options)
+        if options.verify:
+            verify_kernel(kernel, after=name)
     return kernel
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
 import inspect
 import keyword
 import threading
@@ -22,12 +21,11 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import numpy as np
 
-from kina_frontend.diagnostics import KinaError
-
 from . import forksafe
 from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
 from .interop import ArgumentError, as_input, as_output
+from .openmp import load_openmp_runtime as _load_openmp_runtime
 from .parallel import THREADS_SUFFIX
 from .pipeline import KernelPlan, PlanTable, codegen, jit_object_code, plans_target, to_llvm
 from .signature import Signature
@@ -395,16 +393,6 @@ def program_of(module: CompiledModule) -> NativeProgram:
     if not isinstance(module, CompiledModule):
         raise TypeError(f"program_of() takes a tilegen module, got {type(module).__name__}")
     return object.__getattribute__(module, _PROGRAM)
-
-
-@functools.cache
-def _load_openmp_runtime() -> None:
-    """Parallel loops call libgomp (GOMP_parallel); make its symbols visible to MCJIT."""
-    path = ctypes.util.find_library("gomp")
-    if path is None:
-        raise KinaError("io", "libgomp (the GNU OpenMP runtime) is needed for parallel loops; "
-                        "install gcc/libgomp1 or set TILEGEN_NUM_THREADS=1", None)
-    llvm.load_library_permanently(path)
 
 
 def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: bool = False,

@@ -42,6 +42,8 @@ from llvmlite import ir
 from .target import Target
 
 _LIBM_INTRINSICS = {"tanh": "llvm.tanh"}
+# The functions MathLibrary emits.
+MATH_OPS = ("exp", "log", "erf", "tanh")
 
 # e^r ~ 1 + c1 r + ... + c5 r^5 on |r| <= ln2 (1/2 + 2^-16) (the margin covers the rounding
 # of x / ln 2 before rint, 150 ulp of 2^-24 at most): minimax for the error in f32 ulps of
@@ -97,6 +99,8 @@ class MathLibrary:
         self.target = target
 
     def call(self, builder: ir.IRBuilder, op: str, value: ir.Value) -> ir.Value:
+        if op not in MATH_OPS:  # never an _Emitter method that happens to have the name
+            raise ValueError(f"vecmath: no function {op!r} (it has {', '.join(MATH_OPS)})")
         if op in _LIBM_INTRINSICS:
             return builder.call(self._libm(op, value.type), [value])
         return builder.call(self._helper(op, value.type), [value])
