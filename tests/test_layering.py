@@ -108,3 +108,13 @@ def test_the_frontend_reaches_tilegen_only_through_the_loop_ir():
                for target in targets if target.split(".")[0] == "tilegen"}
     assert reached <= {"tilegen.loopir"}, reached
     assert graph["tilegen.loopir"] <= {"kina_frontend.diagnostics"}
+
+
+MAX_MODULE_LINES = 700
+
+
+def test_every_module_reads_in_one_sitting():
+    """No module of tilegen/ or kina_frontend/ is over 700 lines (docs/architecture.md)."""
+    long = {str(path.relative_to(ROOT)): lines for path in _modules(ROOT).values()
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long

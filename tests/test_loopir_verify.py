@@ -16,7 +16,8 @@ import tilegen
 from kina_frontend import KinaError
 from tilegen import config, pipeline
 from tilegen import loopir as L
-from tilegen.codegen import _UNARY_EMIT, KernelCodegen
+from tilegen.codegen import KernelCodegen
+from tilegen.codegen_expr import _UNARY_EMIT
 from tilegen.loopir_verify import LoopIRVerifyError, verify_kernel
 from tilegen.pipeline import EMITTERS
 from tilegen.vecmath import MathLibrary

@@ -25,7 +25,7 @@ import math
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen import SCALAR_LLVM, Lane, Val
+from .codegen_values import SCALAR_LLVM, Lane, Val
 from .schedule import strided_load
 from .target import Target
 

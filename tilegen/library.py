@@ -20,7 +20,7 @@ from kina_frontend.diagnostics import KinaError
 
 from . import forksafe
 from .cabi import check_c_names, glue_source, header
-from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
+from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .parallel import THREADS_SUFFIX
 from .pipeline import KernelPlan, codegen, object_code, plans_target, to_llvm
 from .runtime import (

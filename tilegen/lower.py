@@ -259,7 +259,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
             output_buffers[position] = buffer
             _write(ctx, produced, buffer)
             produced = ctx.buffer_view(buffer, result.type)
-        elif isinstance(produced, L.RowKernel):
+        elif isinstance(produced, L.BufferWriter):
             buffer = ctx.add_buffer(result.name, result.type, "temp")
             _write(ctx, produced, buffer)
             produced = ctx.buffer_view(buffer, result.type)
@@ -295,14 +295,14 @@ def _rounded_to_bf16(view: View) -> View:
     return View(view.type, rounded, view.buffer, view.param, view.depth)
 
 
-def _write(ctx: LowerContext, produced: View | L.RowKernel, buffer: L.Buffer) -> None:
-    if isinstance(produced, L.RowKernel) and produced.type.dtype is DType.BF16:
+def _write(ctx: LowerContext, produced: View | L.BufferWriter, buffer: L.Buffer) -> None:
+    if isinstance(produced, L.BufferWriter) and produced.type.dtype is DType.BF16:
         # A row kernel reads back what it stored (softmax's exps): it runs on an f32 row
         # buffer, and only the finished result is rounded to bf16, as the reference does.
         wide = ctx.add_buffer(buffer.name + "_f32", produced.type.with_dtype(DType.F32), "temp")
         ctx.body.extend(produced.emit(ctx, wide.name))
         produced = ctx.buffer_view(wide, produced.type)
-    if isinstance(produced, L.RowKernel):
+    if isinstance(produced, L.BufferWriter):
         ctx.body.extend(produced.emit(ctx, buffer.name))
         return
     ctx.body.extend(ctx.loops(produced.type.concrete_shape,

@@ -21,13 +21,13 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import codegen as C
+from .codegen_values import I32, I64, PTR, Val
 
 # `<symbol>.threads`: pointer to the runtime's [thread cap, ran a parallel region] pair.
 THREADS_SUFFIX = ".threads"
 # A thread's record: status, then the three error slots (site, id, position).
 _RECORD = 4
 
-I32, I64, PTR = C.I32, C.I64, C.PTR
 
 
 def thread_state_global(cg: C.KernelCodegen) -> ir.GlobalVariable:
@@ -130,7 +130,7 @@ class OutlinedCodegen(C.KernelCodegen):
         self.pointers = {name: b.load(_slot(b, context, i), typ=PTR)
                          for i, name in enumerate(names)}
         records = b.load(_slot(b, context, len(names)), typ=PTR)
-        self.env = [{name: C.Val(b.load(_slot(b, context, len(names) + 1 + i),
+        self.env = [{name: Val(b.load(_slot(b, context, len(names) + 1 + i),
                                         typ=value.value.type), False)
                      for i, (name, value) in enumerate(captured)}]
         self.thread_count = b.sext(b.call(self.declare(

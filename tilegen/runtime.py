@@ -22,7 +22,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from . import forksafe
-from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
+from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
 from .interop import ArgumentError, as_input, as_output
 from .openmp import load_openmp_runtime as _load_openmp_runtime

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen import I64, PTR, KernelCodegen, Val
+from .codegen import KernelCodegen
+from .codegen_values import I64, PTR, Val
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..codegen_values import type_suffix
 from ..target import host_target
 from ..vecmath import MathLibrary
 from .tileir import ELEM_BITS, FLOAT_ELEMS, TileError
@@ -327,22 +328,6 @@ def f32_to_bf16(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
 
 def _width(value: ir.Value) -> int:
     return value.type.count if isinstance(value.type, ir.VectorType) else 0
-
-
-def type_suffix(ty: ir.Type) -> str:
-    if isinstance(ty, ir.VectorType):
-        return f"v{ty.count}{type_suffix(ty.element)}"
-    if isinstance(ty, ir.FloatType):
-        return "f32"
-    if isinstance(ty, ir.DoubleType):
-        return "f64"
-    if isinstance(ty, ir.HalfType):
-        return "f16"
-    if isinstance(ty, ir.IntType):
-        return f"i{ty.width}"
-    if isinstance(ty, ir.PointerType):
-        return "p0"
-    raise TypeError(ty)
 
 
 # libm functions a libdevice call (tl.extra.libdevice / tl.math) may name; see libdevice.py.
