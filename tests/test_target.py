@@ -198,8 +198,10 @@ def test_each_target_gets_its_own_module(monkeypatch):
     monkeypatch.delenv("TILEGEN_CACHE_DIR", raising=False)
     if not HOST_X86:
         pytest.skip("x86-64-v3 runs only on x86-64")
-    host = compile_source(SOURCE, "same.kina")
+    host = compile_source(SOURCE, "same.kina", target="host")
     avx2 = compile_source(SOURCE, "same.kina", target="x86-64-v3")
     assert host is not avx2
     assert program_of(avx2).plans["f"].target.name == "x86-64-v3"
-    assert program_of(host).plans["f"].target == config.load().target
+    assert program_of(host).plans["f"].target.name == "host"
+    default = compile_source(SOURCE, "same.kina")  # TILEGEN_TARGET, else the host
+    assert program_of(default).plans["f"].target == config.load().target
