@@ -209,6 +209,9 @@ TARGETS = (
     RatioTarget("MiniLM encode 32 × 128 tokens (B8)", B8_LONG, "sentence-transformers", 1.5),
     RatioTarget("MiniLM encode 1 sentence (B8)", B8_ONE, "sentence-transformers", 3),
     TimeTarget("MiniLM compile one (B, T) shape (B8)", B8_COMPILE, "tilegen", 1.0),
+    # Issue 16: fused causal attention (B9), at least torch's fused SDPA from T = 1024.
+    *(RatioTarget(f"causal attention T = {t} (B9)", f"B9 causal attention [1, 8, {t}, 64]",
+                  "torch-sdpa", 1) for t in (1024, 2048, 4096)),
 )
 
 # The peers' figures issue 8 quotes for this machine: (group, provider) -> (value, kind),

@@ -132,11 +132,30 @@ def test_canonical_form_renames_buffers_and_variables():
     assert canonical_form(nest("w", "c", "d"), dict(buffers, w=L.Buffer(
         "w", L.F32, (5, 8), "temp"), c=L.Buffer("c", L.F32, (5, 8), "temp"),
         d=L.Buffer("d", L.F32, (5, 8), "temp"))).key != first.key
+    # 0.0 and -0.0 compare (and hash) equal as constants, but are other code.
+    def scaled(out, lhs, factor):
+        i = L.Var("i")
+        return L.For(i, 5, (L.Store(out, (i, L.const(0)), L.binary(
+            "mul", L.Load(lhs, (i, L.const(0)), L.F32), L.const(factor, L.F32))),))
+
+    assert canonical_form(scaled("x", "a", 0.0), buffers).key != \
+        canonical_form(scaled("y", "b", -0.0), buffers).key
+    assert canonical_form(scaled("x", "a", 2.0), buffers).key == \
+        canonical_form(scaled("y", "b", 2.0), buffers).key
     # A variable bound outside (a top-level let) is a scalar parameter.
     outside = L.For(L.Var("i"), 5, (L.Store("x", (L.Var("i"), L.Var("t")), L.const(1.0, L.F32)),))
     assert canonical_form(outside, buffers).scalars == ("t",)
     assert canonical_form(L.Store("x", (L.const(0), L.const(0)), L.const(1.0, L.F32)),
                           buffers) is None
+
+
+def test_negative_zero_is_not_shared_with_zero():
+    t = _ty((37, 5))
+    program = program_from_text(f"fn f(a: {t}, b: {t}) -> ({t}, {t}) "
+                                "{ return (exp(a) * 0.0, exp(b) * -0.0); }")
+    ones = np.ones((37, 5), np.float32)
+    plus, minus = compile_program(program).f(ones, ones)
+    assert not np.signbit(plus).any() and np.signbit(minus).all()
 
 
 def test_statements_reading_top_level_lets_pass_them():

@@ -53,6 +53,8 @@ class Emitters:
     # the kernel's repeated top-level statements, one function each (tilegen/shared.py):
     # `.emit(position)` calls it, or returns False for a statement to generate inline
     shared: Callable[[KernelCodegen], Any]
+    # a fused attention statement (tilegen/attention_codegen.py)
+    attention: Callable[[KernelCodegen, L.Attention], None]
 
 
 class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
@@ -268,6 +270,8 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
                 self._serial_for(stmt)
         elif isinstance(stmt, L.Gemm):
             self.emitters.gemm(self, stmt)
+        elif isinstance(stmt, L.Attention):
+            self.emitters.attention(self, stmt)
         elif isinstance(stmt, L.Let):
             value = self.expr(stmt.value)
             if value.vector:

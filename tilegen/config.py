@@ -19,6 +19,9 @@ TILEGEN_GOMP_SPINCOUNT  how long libgomp's idle workers spin before they sleep, 
 TILEGEN_VERIFY       1: run the tensor-IR verifier on each prepared function and the loop-IR
                      verifier after lowering and after every schedule pass (tilegen/stages.py;
                      the tests run them always)
+TILEGEN_FUSED_ATTENTION  auto (default): softmax(q k^T ...) @ v runs as one blocked
+                     online-softmax nest (tilegen/attention.py) when a head's score matrix
+                     has at least 64 x 64 elements; always: at any size; never: unfused
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -46,6 +49,7 @@ class Config:
     autotune: bool
     stack_bytes: int = 1 << 20
     target: Target = field(default_factory=host_target)
+    fused_attention: str = "auto"
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
@@ -73,6 +77,13 @@ def _flag(name: str, default: bool) -> bool:
     return raw not in ("0", "false", "no", "off")
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip().lower() or choices[0]
+    if raw not in choices:
+        raise ValueError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
 def load(target: str | None = None) -> Config:
     """The configuration from the current environment (read at each compile, so tests and
     users can change it between compiles); `target` names a target that overrides
@@ -92,4 +103,6 @@ def load(target: str | None = None) -> Config:
                                             minimum=0),
                   max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),
                   gomp_spincount=_int("TILEGEN_GOMP_SPINCOUNT", GOMP_SPINCOUNT, minimum=0),
-                  verify=_flag("TILEGEN_VERIFY", False))
+                  verify=_flag("TILEGEN_VERIFY", False),
+                  fused_attention=_choice("TILEGEN_FUSED_ATTENTION", ("auto", "always",
+                                                                      "never")))

@@ -32,6 +32,10 @@ from .target import Target
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
+# Products of at least this many multiply-adds become a packed gemm (lower.gemm_pays);
+# from GEMM_PARALLEL_WORK flops on they (and fused attention) run on every thread.
+GEMM_MIN_WORK = 1 << 16
+GEMM_PARALLEL_WORK = 1 << 21
 # The register block leaves a quarter of the vector registers for the B row and the A
 # broadcasts, and takes at most this many rows.
 MAX_MR = 14

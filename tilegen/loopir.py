@@ -304,6 +304,44 @@ class Gemm(Stmt):
 
 
 @dataclass(frozen=True)
+class Attention(Stmt):
+    """Fused attention (tilegen/attention.py): out[batch..., i, d] = sum over j < tk of
+    softmax_j(score)[i, j] * v[batch..., j, d], where `score` is the element of the scores
+    at (batch..., i, j) written in terms of `s`, the dot product of row i of `q` with
+    column j of `kt`. `q` is [batch..., tq, d_extent], `kt` [batch..., key blocks,
+    d_extent, block_keys] and `v` [batch..., tk padded, dv padded] (zero padding, see
+    attention._padded). Blocked with an online softmax; no tq x tk buffer. With `causal`
+    = c, score is masked (its exp is 0) wherever j > i + c: key blocks past that are
+    skipped and only blocks crossing it evaluate `score`, the rest `unmasked`."""
+
+    out: str
+    q: str
+    kt: str
+    v: str
+    batch: tuple[Var, ...]
+    batch_extents: tuple[int, ...]
+    i: Var
+    j: Var
+    s: Var
+    tq: int
+    tk: int
+    d_extent: int
+    dv: int
+    score: Expr
+    unmasked: Expr
+    causal: int | None
+    dtype: str
+    block_rows: int
+    block_keys: int
+    threads: int = 1
+
+    def reads(self) -> set[str]:
+        loads = {e.buffer for expr in (self.score, self.unmasked)
+                 for e in subexpressions(expr) if isinstance(e, Load)}
+        return loads | {self.q, self.kt, self.v}
+
+
+@dataclass(frozen=True)
 class Buffer:
     name: str
     dtype: str
@@ -549,6 +587,9 @@ def work(stmts) -> int:
             total += stmt.extent * work(stmt.body)
         elif isinstance(stmt, Gemm):
             total += 2 * stmt.m * stmt.n * stmt.k_extent * _product(stmt.batch_extents)
+        elif isinstance(stmt, Attention):
+            total += 2 * stmt.tq * stmt.tk * (stmt.d_extent + stmt.dv) * \
+                _product(stmt.batch_extents)
         else:
             total += max(1, expr_cost(stmt.value))
     return total
@@ -609,4 +650,14 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
                 f"sum[{stmt.k} < {stmt.k_extent}](({stmt.a_elem} * {stmt.b_elem}))",
                 f"{pad}  tiles mr={t.mr} nr={t.nr} kc={t.kc} mc={t.mc} nc={t.nc} "
                 f"threads={stmt.threads} dtype={stmt.dtype}"]
+    if isinstance(stmt, Attention):
+        batch = "".join(f"{v}<{e}>, " for v, e in zip(stmt.batch, stmt.batch_extents,
+                                                       strict=True))
+        causal = "none" if stmt.causal is None else stmt.causal
+        return [f"{pad}attention {stmt.out}[{batch}{stmt.i}<{stmt.tq}>, d<{stmt.dv}>], "
+                f"{stmt.s}: {stmt.s.dtype} = dot[{stmt.d_extent}]({stmt.q}, {stmt.kt})",
+                f"{pad}  = softmax[{stmt.j} < {stmt.tk}]({stmt.score}) @ {stmt.v}",
+                f"{pad}  unmasked {stmt.unmasked}",
+                f"{pad}  blocks rows={stmt.block_rows} keys={stmt.block_keys} causal={causal} "
+                f"threads={stmt.threads}"]
     raise TypeError(stmt)

@@ -2,7 +2,7 @@
 
 The printed form is fully parenthesised and names every buffer with its type, so the
 grammar is small: a kernel header (buffers, id-check sites), then statements (`for`,
-`let`, stores, `gemm`) whose expressions are constants (`0.5:f32`, `3`), variables,
+`let`, stores, `gemm`, `attention`) whose expressions are constants (`0.5:f32`, `3`), variables,
 loads `buf[i, j]`, `(a op b)`, calls `exp(x)` / `max(a, b)` / `select(c, a, b)` /
 `f64(x)`, reductions `sum[k < 4 vector<16>](...)` and `checked(v < n, site s, at [...])`.
 """
@@ -231,6 +231,8 @@ class _Parser:
             return L.Let(L.Var(name, dtype), value)
         if word == "gemm":
             return self.gemm()
+        if word == "attention":
+            return self.attention()
         buffer = self.take()
         index = self.index_list()
         self.take("=")
@@ -260,9 +262,8 @@ class _Parser:
         self.scopes.pop()
         return L.For(L.Var(name), extent, body, kind, width, threads)
 
-    def gemm(self) -> L.Gemm:
-        self.take("gemm")
-        out = self.take()
+    def named_extents(self) -> list[tuple[L.Var, int]]:
+        """`[b<2>, i<M>, j<N>]`: index variables with their extents."""
         self.take("[")
         named = []
         while True:
@@ -274,6 +275,12 @@ class _Parser:
                 break
             self.take(",")
         self.take("]")
+        return named
+
+    def gemm(self) -> L.Gemm:
+        self.take("gemm")
+        out = self.take()
+        named = self.named_extents()
         self.take("=")
         self.scopes.append({var.name: L.I64 for var, _ in named})
         product = self.expr()
@@ -296,6 +303,58 @@ class _Parser:
                       product.var, m, n, product.extent, product.body.lhs, product.body.rhs,
                       dtype, L.GemmTiles(tiles["mr"], tiles["nr"], tiles["kc"], tiles["mc"],
                                          tiles["nc"]), tiles["threads"])
+
+    def attention(self) -> L.Attention:
+        self.take("attention")
+        out = self.take()
+        named = self.named_extents()
+        self.take(",")
+        scores = self.take()
+        self.take(":")
+        dtype = self.take()
+        self.take("=")
+        self.take("dot")
+        self.take("[")
+        d_extent = self.integer()
+        self.take("]")
+        self.take("(")
+        q = self.take()
+        self.take(",")
+        kt = self.take()
+        self.take(")")
+        self.take("=")
+        self.take("softmax")
+        self.take("[")
+        j = self.take()
+        self.take("<")
+        tk = self.integer()
+        self.take("]")
+        (i, tq), (_, dv) = named[-2], named[-1]
+        batch = named[:-2]
+        self.scopes.append({var.name: L.I64 for var, _ in named[:-1]} |
+                           {j: L.I64, scores: dtype})
+        self.take("(")
+        score = self.expr()
+        self.take(")")
+        self.take("@")
+        v = self.take()
+        self.take("unmasked")
+        unmasked = self.expr()
+        self.scopes.pop()
+        fields = {}
+        self.take("blocks")
+        for key in ("rows", "keys", "causal", "threads"):
+            self.take(key)
+            self.take("=")
+            if key == "causal" and self.peek() == "none":
+                fields[key] = None
+                self.take()
+            else:
+                fields[key] = self.integer()
+        return L.Attention(out, q, kt, v, tuple(var for var, _ in batch),
+                           tuple(e for _, e in batch), i, L.Var(j), L.Var(scores, dtype), tq,
+                           tk, d_extent, dv, score, unmasked, fields["causal"], dtype,
+                           fields["rows"], fields["keys"], fields["threads"])
 
     # ---- expressions --------------------------------------------------------------------------
 

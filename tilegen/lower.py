@@ -12,27 +12,26 @@ step is the op's `lower` rule in kina_frontend/ops.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kina_frontend.diagnostics import KinaError
 from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation
 from kina_frontend.types import DType, TensorType
 
-from . import config
+from . import attention, config
 from . import gemm as gemm_module
 from . import loopir as L
 from .affine import IndexSimplifier
 from .config import Config
+from .gemm import GEMM_MIN_WORK, GEMM_PARALLEL_WORK
+from .views import View
 
 # A fused chain deeper than this is stored and restarted: expression trees (and the
 # recursion that builds and compiles them) stay bounded for chains of any length.
 MAX_FUSION_DEPTH = 48
 
-# Matrix products with at least this many multiply-adds use the packed micro-kernel
-# (tilegen/gemm.py); smaller ones stay fused `Reduce` expressions.
-GEMM_MIN_WORK = 1 << 16
-GEMM_PARALLEL_WORK = 1 << 21
+# Matrix products with at least gemm.GEMM_MIN_WORK multiply-adds use the packed
+# micro-kernel (tilegen/gemm.py); smaller ones stay fused `Reduce` expressions.
 
 # A view is materialised before a consumer that reads each element more than once when
 # evaluating it costs more than this (see loopir.expr_cost): a few loads and arithmetic
@@ -43,15 +42,6 @@ MATERIALIZE_COST = 6
 def scalar_type(dtype: DType) -> str:
     """The loop IR's scalar type for elements of `dtype` (f32 for BF16, i1 for BOOL)."""
     return L.value_type(dtype.value)
-
-
-@dataclass
-class View:
-    type: TensorType
-    at: Callable[[tuple[L.Expr, ...]], L.Expr]
-    buffer: str | None = None
-    param: str | None = None  # the function parameter this view reads, if it is one
-    depth: int = 0  # how many fused ops deep its element expression is
 
 
 # (dtype, batch extents, m, n, k, threads) -> the tiles of that matmul. The driver hands
@@ -246,9 +236,11 @@ def lower_function(function: Function, kernel_name: str | None = None,
         result_position.setdefault(value.name, position)
     output_buffers: dict[int, L.Buffer] = {}
     uses = _use_counts(function)
+    fused = attention.lowering_hooks(function, ctx.options)  # attention patterns' ops
     for op in function.body:
         ctx.current = op
-        rule = _lower_rule(op, ctx)
+        rule = fused.get(op.results[0].name) if len(op.results) == 1 else None
+        rule = rule or _lower_rule(op, ctx)
         produced = rule(ctx, op, [views[v.name] for v in op.operands])
         (result,) = op.results
         if result.type.dtype is DType.BF16 and isinstance(produced, View):
@@ -266,7 +258,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
         else:
             operand_depth = max((views[v.name].depth for v in op.operands), default=0)
             produced.depth = max(produced.depth, operand_depth + 1)
-            if produced.depth > MAX_FUSION_DEPTH:
+            if produced.depth > MAX_FUSION_DEPTH and result.name not in fused:
                 produced = ctx.materialize(produced, result.name)
             elif uses.get(result.name, 0) > 1:
                 produced = ctx.reusable(produced, uses[result.name])

@@ -1,7 +1,8 @@
 """Parallel regions: a loop's body outlined into `void fn(ptr context)` and run by libgomp.
 
-`emit_parallel` stores every buffer pointer and visible scalar in a context block, outlines
-the body, and calls `GOMP_parallel`. Two things are decided at run time, not compile time:
+`emit_parallel` outlines the body, stores every visible scalar and the buffer pointers the
+body uses in a context block, and calls `GOMP_parallel`. Two things are decided at run
+time, not compile time:
 
 - **How many threads.** Each kernel has a pointer `<symbol>.threads` that the runtime sets
   to its parallel state (`tilegen/forksafe.py`): `state[0]` caps the thread count and
@@ -46,21 +47,21 @@ def emit_parallel(cg: C.KernelCodegen, extent: int, threads: int, body) -> None:
     OpenMP threads (fewer when the runtime caps them)."""
     b = cg.b
     captured = [(name, value) for scope in cg.env for name, value in scope.items()]
-    names = list(cg.pointers)
-    slots = len(names) + 1 + len(captured)
-    context = _alloca(b, slots, "parallel.ctx")
+    cg.outlined_count += 1
+    child = OutlinedCodegen(cg, f"{cg.function.name}.par{cg.outlined_count}", captured,
+                            threads)
+    child.run_chunk(extent, body)
+    # The context: the records, the captured scalars, then only the buffers the body used.
+    names = child.pointers.used
+    context = _alloca(b, 1 + len(captured) + len(names), "parallel.ctx")
     records = _alloca(b, threads * _RECORD, "parallel.records")
     for thread in range(threads):
         b.store(ir.Constant(I64, 0), _slot(b, records, thread * _RECORD))
-    for index, name in enumerate(names):
-        b.store(cg.pointers[name], _slot(b, context, index))
-    b.store(records, _slot(b, context, len(names)))
+    b.store(records, _slot(b, context, 0))
     for index, (_, value) in enumerate(captured):
-        b.store(value.value, _slot(b, context, len(names) + 1 + index))
-    cg.outlined_count += 1
-    child = OutlinedCodegen(cg, f"{cg.function.name}.par{cg.outlined_count}", names,
-                            captured, threads)
-    child.run_chunk(extent, body)
+        b.store(value.value, _slot(b, context, 1 + index))
+    for index, name in enumerate(names):
+        b.store(cg.pointers[name], _slot(b, context, 1 + len(captured) + index))
     gomp = cg.declare("GOMP_parallel", ir.FunctionType(
         ir.VoidType(), [PTR, PTR, I32, I32]))
     b.call(gomp, [child.function, context, _thread_count(cg, threads), ir.Constant(I32, 0)])
@@ -118,21 +119,44 @@ def _slot(b: ir.IRBuilder, base: ir.Value, index) -> ir.Value:
     return pointer
 
 
+class _CapturedPointers(dict):
+    """The buffer pointers a region's body reads, each loaded from the context at the top of
+    its entry block on first use: a region passes only those (MiniLM's kernel has ~230
+    buffers; storing every one into each region's context was most of its code)."""
+
+    def __init__(self, entry: ir.Block, context: ir.Value, first_slot: int, available):
+        super().__init__()
+        self.entry, self.context, self.first_slot = entry, context, first_slot
+        self.available = available  # the parent's pointers
+        self.used: list[str] = []  # in context order
+
+    def __missing__(self, name: str) -> ir.Value:
+        if name not in self.available:
+            raise KeyError(name)
+        b = ir.IRBuilder(self.entry)
+        b.position_at_start(self.entry)
+        pointer = b.load(_slot(b, self.context, self.first_slot + len(self.used)), typ=PTR)
+        self.used.append(name)
+        self[name] = pointer
+        return pointer
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name) or name in self.available
+
+
 class OutlinedCodegen(C.KernelCodegen):
     """The body of a parallel loop as `void fn(ptr context)`, run by every thread."""
 
-    def __init__(self, parent: C.KernelCodegen, name: str, names: list[str], captured,
-                 threads: int):
+    def __init__(self, parent: C.KernelCodegen, name: str, captured, threads: int):
         self._start_helper(parent, ir.Function(parent.module, ir.FunctionType(
             ir.VoidType(), [PTR]), name))
         context = self.function.args[0]
         b = self.b
-        self.pointers = {name: b.load(_slot(b, context, i), typ=PTR)
-                         for i, name in enumerate(names)}
-        records = b.load(_slot(b, context, len(names)), typ=PTR)
-        self.env = [{name: Val(b.load(_slot(b, context, len(names) + 1 + i),
-                                        typ=value.value.type), False)
+        records = b.load(_slot(b, context, 0), typ=PTR)
+        self.env = [{name: Val(b.load(_slot(b, context, 1 + i), typ=value.value.type), False)
                      for i, (name, value) in enumerate(captured)}]
+        self.pointers = _CapturedPointers(self.function.entry_basic_block, context,
+                                          1 + len(captured), parent.pointers)
         self.thread_count = b.sext(b.call(self.declare(
             "omp_get_num_threads", ir.FunctionType(I32, [])), []), I64)
         self.thread_number = b.sext(b.call(self.declare(

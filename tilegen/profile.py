@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 
-from .loopir import For, Gemm, Let, Store
+from .loopir import Attention, For, Gemm, Let, Store
 
 
 def _compiled(function):
@@ -65,6 +65,9 @@ def _headline(stmt) -> str:
         elif isinstance(node, Gemm):
             loops.append(f"gemm {node.m}x{node.n}x{node.k_extent}"
                          f"{'x' + str(node.batch_extents) if node.batch_extents else ''}")
+            targets.append(node.out)
+        elif isinstance(node, Attention):
+            loops.append(f"attention {node.tq}x{node.tk}x{node.d_extent}")
             targets.append(node.out)
         elif isinstance(node, Let):
             pass

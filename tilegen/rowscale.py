@@ -50,6 +50,10 @@ def _defer(stmt: L.Stmt, later: list[L.Stmt], kernel: L.Kernel) -> list[L.Stmt] 
                     or statement.out == buffer:
                 return None
             continue
+        if isinstance(statement, L.Attention):
+            if buffer in statement.reads() or statement.out == buffer:
+                return None
+            continue
         if isinstance(statement, L.Store) and statement.buffer == buffer:
             return None
         if isinstance(statement, L.For) or not _mentions(statement.value, buffer):

@@ -54,7 +54,8 @@ def canonical_form(stmt: L.Stmt, buffers: dict[str, L.Buffer]) -> Form | None:
     renamed = renamer.stmt(stmt)
     types = tuple((buffers[name].dtype, buffers[name].shape) for name in renamer.buffers)
     scalars = tuple(name for name in renamer.used if name not in renamer.bound)
-    return Form((renamed, types), tuple(renamer.buffers), frozenset(renamer.written), scalars)
+    return Form((renamed, types, tuple(renamer.constants)), tuple(renamer.buffers),
+                frozenset(renamer.written), scalars)
 
 
 class _Renamer:
@@ -67,6 +68,9 @@ class _Renamer:
         self.bound: set[str] = set()
         self.used: dict[str, None] = {}  # in order of first use
         self.written: set[str] = set()
+        # Float constants spelled out: 0.0 == -0.0 (and they hash alike), but x * -0.0 is
+        # not x * 0.0.
+        self.constants: list[str] = []
 
     def buffer(self, name: str) -> str:
         return self.buffers.setdefault(name, f"b{len(self.buffers)}")
@@ -101,6 +105,8 @@ class _Renamer:
         raise TypeError(stmt)
 
     def expr(self, expr: L.Expr) -> L.Expr:
+        if isinstance(expr, L.Const) and isinstance(expr.value, float):
+            self.constants.append(repr(expr.value))
         if isinstance(expr, L.Var):
             return self.var(expr)
         if isinstance(expr, L.Load):

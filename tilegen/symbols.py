@@ -6,8 +6,8 @@ are therefore built so that no function name can make two of them coincide:
 
 - internal symbols contain a `.`, which no identifier can: a function's kernel is
   `kina.<name>`, everything else it owns is `kina.<name>.<role>` (`entry`, `call`,
-  `packed`, `blocks`, `blockcount`, `cycles`, `par<N>`, ...), and module-wide symbols are
-  `tilegen.<what>` (one dot; shared helpers such as `tilegen.exp.v16f32` or
+  `packed`, `blocks`, `blockcount`, `cycles`, `par<N>`, `shared<N>`, ...), and module-wide
+  symbols are `tilegen.<what>` (one dot; shared helpers such as `tilegen.exp.v16f32` or
   `tilegen.gemm.f32.6x32.s1` have two or more);
 - the C ABI (see tilegen.cabi) is `kina_<name>` per function plus the library's own
   `kina_last_error`, so a function named `last_error` is the one name the C ABI refuses.
