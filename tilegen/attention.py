@@ -159,7 +159,7 @@ def _softmax_rule(match: _Match):
 def _out_rule(match: _Match):
     def rule(ctx, op, operands):
         match.views["v"] = operands[1]
-        return L.RowKernel(op.result.type, lambda ctx, out: [_emit(ctx, match, out)])
+        return L.BufferWriter(op.result.type, lambda ctx, out: [_emit(ctx, match, out)])
     return rule
 
 
