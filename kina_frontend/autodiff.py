@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .diagnostics import KinaError, Span
+from .inline import MAX_INLINED_OPS, inline_calls
 from .names import NameSupply
 from .ops import REGISTRY
+from .simplify import simplify_function
 from .tensor_ir import Function, Operation, Program, Value, make_attrs
-from .transforms import inline_calls
 from .types import DType, TensorType
 from .verify import ShapeRuleError, freeze_attr, infer_types, types_equal
 
@@ -157,14 +158,20 @@ def gradient_function(program: Program, callee_name: str,
     return result
 
 
-def _build(program: Program, callee_name: str, wrt: tuple[int, ...]) -> GradientFunction:
-    from .simplify import simplify_function  # simplify imports nothing from here
+def expand_reverse_mode(program: Program, op: Operation, max_ops: int) -> Function:
+    """What the inliner puts in place of a `reverse_mode` op: the gradient function, with
+    its own calls (and nested reverse modes) inlined."""
+    transformed = gradient_function(program, op.attr("callee"), op.attr("wrt"))
+    return inline_calls(transformed.program, transformed.program.function(transformed.name),
+                        max_ops, expand_reverse_mode)
 
+
+def _build(program: Program, callee_name: str, wrt: tuple[int, ...]) -> GradientFunction:
     if callee_name not in program.function_names:
         raise KinaError("autodiff", f"reverseMode of unknown function '{callee_name}'", None)
     original = program.function(callee_name)
     _check_signature(original, wrt)
-    inlined = inline_calls(program, original)
+    inlined = inline_calls(program, original, MAX_INLINED_OPS, expand_reverse_mode)
     name = _fresh_function_name(program, f"{callee_name}__grad" +
                                 "".join(f"_{i}" for i in wrt))
     gradient = reverse_function(inlined, wrt, name)

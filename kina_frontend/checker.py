@@ -11,48 +11,29 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import sympy
 
 from . import ast
+from .check_calls import CallChecker, FunctionScope, Signature
+from .checked import MAX_DIM, MAX_ELEMENTS, CheckedProgram, Obligation, evaluate_dim, specialize
 from .diagnostics import KinaError, Span
-from .names import NameSupply
-from .ops import REGISTRY, OpDef
-from .tensor_ir import Function, Operation, Program, Value, make_attrs
+from .op_calls import OpContext, did_you_mean, literal_value
+from .ops import REGISTRY
+from .tensor_ir import Function, Program, Value
 from .types import (
     RESERVED_DTYPES,
     SUPPORTED_PLACEMENTS,
     SURFACE_DTYPES,
-    DType,
     TensorType,
     const_symbol,
     format_dim,
 )
 
-# Guards that keep hostile programs from asking for absurd allocations.
-MAX_DIM = 2**31 - 1
-MAX_ELEMENTS = 2**34
-
 STRUCTURAL_CALLS = ("placeholder", "reverseMode")
-
-
-@dataclass(frozen=True)
-class Obligation:
-    function: str
-    kind: str
-    claim: str
-    span: Span | None
-
-
-@dataclass(frozen=True)
-class CheckedProgram:
-    """The symbolic tensor IR plus what was proved about it."""
-
-    program: Program
-    constants: dict[str, int]
-    symbols: dict[str, sympy.Expr]
-    obligations: tuple[Obligation, ...]
+# Re-exported: what callers import from the checker.
+__all__ = ["MAX_DIM", "MAX_ELEMENTS", "STRUCTURAL_CALLS", "CheckedProgram", "Obligation",
+           "check_module", "evaluate_dim", "specialize"]
 
 
 def check_module(module: ast.Module, consts: Mapping[str, int] | None = None) -> CheckedProgram:
@@ -64,41 +45,16 @@ def check_module(module: ast.Module, consts: Mapping[str, int] | None = None) ->
 
 # ---- the checker ----------------------------------------------------------------------------
 
-@dataclass
-class _Signature:
-    decl: ast.FnDecl
-    params: tuple[Value, ...]
-    results: tuple[TensorType, ...]
-
-
-@dataclass
-class _FunctionScope:
-    name: str
-    is_main: bool
-    env: dict[str, Value] = field(default_factory=dict)
-    body: list[Operation] = field(default_factory=list)
-    names: NameSupply = field(default_factory=NameSupply)
-    temp_counter: int = 0
-    placeholders: int = 0
-    calls: list[tuple[str, Span]] = field(default_factory=list)
-
-    def fresh(self, hint: str | None) -> str:
-        base = hint or f"t{self.temp_counter}"
-        if hint is None:
-            self.temp_counter += 1
-        return self.names.fresh(base)
-
-
-class _Checker:
+class _Checker(CallChecker):
     def __init__(self, module: ast.Module, overrides: dict[str, int]):
         self.module = module
         self.overrides = overrides
         self.symbols: dict[str, sympy.Expr] = {}
         self.values: dict[str, int] = {}
         self.const_spans: dict[str, Span] = {}
-        self.signatures: dict[str, _Signature] = {}
+        self.signatures: dict[str, Signature] = {}
         self.obligations: list[Obligation] = []
-        self.scope: _FunctionScope | None = None
+        self.scope: FunctionScope | None = None
 
     # ---- driver -------------------------------------------------------------------------------
 
@@ -214,7 +170,7 @@ class _Checker:
             seen[pname] = param.name.span
             params.append(Value(pname, self.resolve_type(param.type)))
         results = tuple(self.resolve_type(t) for t in decl.results)
-        self.signatures[name] = _Signature(decl, tuple(params), results)
+        self.signatures[name] = Signature(decl, tuple(params), results)
 
     def reject_recursion(self, graph: dict[str, list[tuple[str, Span]]]) -> None:
         """Depth-first search for a cycle, with an explicit stack: a chain of thousands of
@@ -245,7 +201,7 @@ class _Checker:
     def check_function(self, decl: ast.FnDecl) -> tuple[Function, list[tuple[str, Span]]]:
         signature = self.signatures[decl.name.ident]
         is_main = any(a.ident == "main" for a in decl.attributes)
-        scope = _FunctionScope(decl.name.ident, is_main)
+        scope = FunctionScope(decl.name.ident, is_main)
         self.scope = scope
         for param_decl, param in zip(decl.params, signature.params, strict=True):
             if param.name in self.signatures:
@@ -301,7 +257,7 @@ class _Checker:
                                 target.span)
             self.scope.env[target.ident] = value
 
-    def check_return(self, statement: ast.Return, signature: _Signature) -> tuple[Value, ...]:
+    def check_return(self, statement: ast.Return, signature: Signature) -> tuple[Value, ...]:
         values = self.check_values(statement.value, None)
         declared = signature.results
         if len(values) != len(declared):
@@ -323,7 +279,7 @@ class _Checker:
         if actual.dtype != expected.dtype or actual.rank != expected.rank:
             raise KinaError("type", f"{what}: expected {expected.surface()}, got "
                             f"{actual.surface()}", span, notes)
-        ctx = _OpContext(self, "return", span, {})
+        ctx = OpContext(self, "return", span, {})
         for axis, (a, b) in enumerate(zip(actual.shape, expected.shape, strict=True)):
             claim = f"{what}: dim {axis} {format_dim(a)} == {format_dim(b)}"
             if a == b:  # the common case; the message below costs O(rank) to build
@@ -344,7 +300,7 @@ class _Checker:
         if isinstance(expr, ast.Binary):
             return self.check_infix(expr, hints)
         if isinstance(expr, ast.Unary):
-            if _literal_value(expr) is not None:
+            if literal_value(expr) is not None:
                 raise KinaError("type", "a number is not a tensor; use it as an operand of an "
                                 "elementwise op", expr.span)
             return self.apply_op(REGISTRY["neg"], expr, {"x": expr.operand}, hints)
@@ -378,268 +334,13 @@ class _Checker:
             raise KinaError("type", f"'{name.ident}' is a function; call it with arguments",
                             name.span)
         raise KinaError("name", f"unknown name '{name.ident}'", name.span,
-                        _did_you_mean(name.ident, list(self.scope.env)))
+                        did_you_mean(name.ident, list(self.scope.env)))
 
     def check_infix(self, expr: ast.Binary, hints) -> tuple[Value, ...]:
         opname = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}[expr.op]
         op = REGISTRY[opname]
         names = [p.name for p in op.params]
         return self.apply_op(op, expr, {names[0]: expr.lhs, names[1]: expr.rhs}, hints)
-
-    def check_call(self, call: ast.Call, hints) -> tuple[Value, ...]:
-        if isinstance(call.callee, ast.Call):
-            return self.check_reverse_mode(call, hints)
-        if not isinstance(call.callee, ast.Name):
-            raise KinaError("syntax", "only names can be called", call.callee.span)
-        name = call.callee.ident
-        if name == "placeholder":
-            return (self.check_placeholder(call, hints),)
-        if name == "reverseMode":
-            raise KinaError("syntax", "reverseMode(f, wrt=[...]) is a function value; call it "
-                            "with f's arguments: reverseMode(f, wrt=[w])(x, w)", call.span)
-        if name in self.signatures:
-            return self.check_fn_call(call, self.signatures[name], hints)
-        op = REGISTRY.get(name)
-        if op is None or op.internal:
-            if name in self.scope.env:
-                raise KinaError("type", f"'{name}' is a tensor, not a function", call.callee.span)
-            candidates = [n for n, o in REGISTRY.items() if not o.internal] + list(self.signatures)
-            raise KinaError("name", f"unknown op or function '{name}'", call.callee.span,
-                            _did_you_mean(name, candidates))
-        bound = _bind_arguments(op, call)
-        return self.apply_op(op, call, bound, hints)
-
-    def check_placeholder(self, call: ast.Call, hints) -> Value:
-        if not self.scope.is_main:
-            raise KinaError("type", "placeholder(...) is only allowed in the @main "
-                            "function", call.span,
-                            ((f"'{self.scope.name}' receives its inputs as parameters; mark "
-                              "the entry function with @main to declare placeholders"),))
-        if len(call.args) != 1 or call.kwargs or \
-                not isinstance(call.args[0], ast.TensorTypeExpr):
-            raise KinaError("arity", "placeholder takes one tensor type: "
-                            "placeholder(Tensor[F32, [dims], @host])", call.span)
-        ttype = self.resolve_type(call.args[0])
-        result = Value(self.scope.fresh(hints[0] if hints else None), ttype)
-        self.scope.body.append(Operation("placeholder", (), (result,),
-                                         make_attrs(index=self.scope.placeholders), call.span))
-        self.scope.placeholders += 1
-        return result
-
-    def check_fn_call(self, call: ast.Call, signature: _Signature, hints) -> tuple[Value, ...]:
-        name = signature.decl.name.ident
-        self.reject_main_callee(signature, call.callee.span)
-        if call.kwargs:
-            raise KinaError("arity", f"function '{name}' takes positional arguments only",
-                            call.kwargs[0].span)
-        if len(call.args) != len(signature.params):
-            raise KinaError("arity", f"'{name}' takes {len(signature.params)} argument(s), "
-                            f"got {len(call.args)}", call.span,
-                            (f"'{name}' is declared at {signature.decl.name.span}",))
-        operands = self.check_call_args(call, signature)
-        self.scope.calls.append((name, call.callee.span))
-        return self.emit("call", operands, {"callee": name}, signature.results, call.span, hints)
-
-    @staticmethod
-    def reject_main_callee(signature: _Signature, span: Span) -> None:
-        # @main's placeholders are the program's inputs; a call would smuggle them elsewhere.
-        if any(a.ident == "main" for a in signature.decl.attributes):
-            raise KinaError("type", f"the @main function '{signature.decl.name.ident}' cannot "
-                            "be called", span,
-                            ("move the shared computation into a function and call that",))
-
-    def check_call_args(self, call: ast.Call, signature: _Signature) -> tuple[Value, ...]:
-        operands = []
-        for arg, param in zip(call.args, signature.params, strict=True):
-            value = self.check_tensor(arg, None)
-            self.require_type(value.type, param.type, arg.span,
-                              f"argument '{param.name}' of '{signature.decl.name.ident}'")
-            operands.append(value)
-        return tuple(operands)
-
-    def check_reverse_mode(self, call: ast.Call, hints) -> tuple[Value, ...]:
-        inner = call.callee
-        if not (isinstance(inner.callee, ast.Name) and inner.callee.ident == "reverseMode"):
-            raise KinaError("syntax", "only reverseMode(f, wrt=[...]) returns a callable",
-                            inner.span)
-        if len(inner.args) != 1 or not isinstance(inner.args[0], ast.Name):
-            raise KinaError("arity", "reverseMode takes one function name: "
-                            "reverseMode(f, wrt=[p1, p2])", inner.span)
-        fname = inner.args[0].ident
-        signature = self.signatures.get(fname)
-        if signature is None:
-            raise KinaError("name", f"reverseMode of unknown function '{fname}'",
-                            inner.args[0].span, _did_you_mean(fname, list(self.signatures)))
-        self.reject_main_callee(signature, inner.args[0].span)
-        if len(signature.results) != 1:
-            raise KinaError("autodiff", f"reverseMode needs '{fname}' to return one tensor; it "
-                            f"returns {len(signature.results)}", inner.args[0].span)
-        if not signature.results[0].dtype.is_float:
-            raise KinaError("autodiff", f"reverseMode needs '{fname}' to return a floating-point "
-                            "tensor", inner.args[0].span)
-        param_index = {p.name: i for i, p in enumerate(signature.params)}
-        wrt: list[int] = []
-        for kwarg in inner.kwargs:
-            if kwarg.name != "wrt":
-                raise KinaError("arity", f"reverseMode has no argument '{kwarg.name}'",
-                                kwarg.span, ("its only keyword is wrt=[...]",))
-            if not isinstance(kwarg.value, ast.ListExpr):
-                raise KinaError("type", "wrt must be a list of parameter names", kwarg.value.span)
-            for item in kwarg.value.elements:
-                if not isinstance(item, ast.Name) or item.ident not in param_index:
-                    raise KinaError("name", f"wrt entry must name a parameter of '{fname}'",
-                                    item.span,
-                                    (f"parameters: {', '.join(param_index) or '(none)'}",))
-                index = param_index[item.ident]
-                if index in wrt:
-                    raise KinaError("name", f"'{item.ident}' appears twice in wrt", item.span)
-                if not signature.params[index].type.dtype.is_float:
-                    raise KinaError("autodiff", f"cannot differentiate with respect to "
-                                    f"'{item.ident}': it is "
-                                    f"{signature.params[index].type.surface()}", item.span,
-                                    (("only floating-point parameters have gradients; leave "
-                                     "integer inputs such as ids out of wrt"),))
-                wrt.append(index)
-        if not inner.kwargs:
-            wrt = [i for i, p in enumerate(signature.params) if p.type.dtype.is_float]
-        if call.kwargs:
-            raise KinaError("arity", "the reverseMode callable takes positional arguments only",
-                            call.kwargs[0].span)
-        if len(call.args) != len(signature.params):
-            raise KinaError("arity", f"reverseMode({fname}) takes {len(signature.params)} "
-                            f"argument(s), got {len(call.args)}", call.span)
-        operands = self.check_call_args(call, signature)
-        self.scope.calls.append((fname, inner.args[0].span))
-        result_types = signature.results + tuple(signature.params[i].type for i in wrt)
-        return self.emit("reverse_mode", operands, {"callee": fname, "wrt": tuple(wrt)},
-                         result_types, call.span, hints)
-
-    def apply_op(self, op: OpDef, node: ast.Node, bound: dict[str, ast.Expr], hints):
-        """Check the bound arguments of a registry op and emit the operation."""
-        operands: dict[str, Value] = {}
-        literals: dict[str, tuple[float | int, ast.Expr]] = {}
-        attrs: dict[str, object] = {}
-        variadic: list[Value] = []
-        for param in op.params:
-            expr = bound.get(param.name)
-            if expr is None:
-                attrs[param.name] = param.default
-                continue
-            number = self.number_value(expr) if param.kind == "tensor_or_literal" else None
-            if number is not None:
-                literals[param.name] = (number, expr)
-            elif param.variadic:
-                variadic = [self.check_tensor(e, None) for e in expr]
-            elif param.is_operand:
-                operands[param.name] = self.check_tensor(expr, None)
-            else:
-                attrs[param.name] = self.attr_value(param.kind, expr, op.name)
-        if literals:
-            self.materialize_literals(op, node, operands, literals)
-        ordered = tuple(operands[p.name] for p in op.operand_params if not p.variadic)
-        ordered += tuple(variadic)
-        arg_spans = {name: expr.span for name, expr in bound.items()
-                     if not isinstance(expr, list)}
-        ctx = _OpContext(self, op.name, node.span, arg_spans)
-        result_types = op.shape_rule(ctx, [v.type for v in ordered], attrs)
-        for rtype in result_types:
-            self.require_concrete(rtype, node.span, op.name)
-        return self.emit(op.name, ordered, attrs, result_types, node.span, hints)
-
-    def number_value(self, expr: ast.Expr):
-        """The number `expr` stands for where an op takes a number: a literal, a const's
-        value (a const name not shadowed by a tensor), or + - * of those; else None."""
-        literal = _literal_value(expr)
-        if literal is not None:
-            return literal
-        if isinstance(expr, ast.Name):
-            in_scope = self.scope is not None and expr.ident in self.scope.env
-            return self.values.get(expr.ident) if not in_scope else None
-        if isinstance(expr, ast.Binary) and expr.op in "+-*":
-            lhs, rhs = self.number_value(expr.lhs), self.number_value(expr.rhs)
-            if lhs is None or rhs is None:
-                return None
-            return {"+": operator.add, "-": operator.sub, "*": operator.mul}[expr.op](lhs, rhs)
-        return None
-
-    def materialize_literals(self, op, node, operands, literals) -> None:
-        if not operands:
-            raise KinaError("type", f"'{op.name}' needs at least one tensor operand", node.span)
-        # A number takes the type of a tensor it combines with (where's condition is BOOL:
-        # a number branch takes the other branch's type, or F32 when both are numbers).
-        peers = [operands[p.name] for p in op.params
-                 if p.kind == "tensor_or_literal" and p.name in operands]
-        like = (peers[0] if peers else next(iter(operands.values()))).type
-        if not peers and like.dtype == DType.BOOL:
-            like = like.with_dtype(DType.F32)
-        for name, (number, expr) in literals.items():
-            if not like.dtype.is_float and isinstance(number, float):
-                raise KinaError("type", f"float literal {number} used with an "
-                                f"{like.dtype.kina_name} tensor", expr.span,
-                                (("a literal takes the element type of the other operand; "
-                                 "write an integer, or use an F32 tensor"),))
-            value = float(number) if like.dtype.is_float else int(number)
-            attrs = {"value": value, "shape": like.shape, "dtype": like.dtype.value}
-            (filled,) = self.emit("fill", (), attrs, (like,), expr.span, None)
-            operands[name] = filled
-
-    def emit(self, opname, operands, attrs, result_types, span, hints) -> tuple[Value, ...]:
-        names = list(hints or [])
-        results = []
-        for index, rtype in enumerate(result_types):
-            hint = names[index] if index < len(names) else None
-            results.append(Value(self.scope.fresh(hint), rtype))
-        attr_items = {k: _freeze(v) for k, v in attrs.items()}
-        self.scope.body.append(Operation(opname, tuple(operands), tuple(results),
-                                         make_attrs(**attr_items), span))
-        return tuple(results)
-
-    # ---- attributes, dims and types -----------------------------------------------------------
-
-    def attr_value(self, kind: str, expr: ast.Expr, opname: str):
-        if kind == "dims":
-            if not isinstance(expr, ast.ListExpr):
-                raise KinaError("type", f"'{opname}' expects a list of dims like [1, T, 4]",
-                                expr.span)
-            return tuple(self.dim_expr(e, allow_infer=(opname == "reshape"))
-                         for e in expr.elements)
-        if kind == "ints":
-            if not isinstance(expr, ast.ListExpr):
-                raise KinaError("type", f"'{opname}' expects a list of integers like [0, 2, 1]",
-                                expr.span)
-            return tuple(self.int_literal(e) for e in expr.elements)
-        if kind == "dim":
-            dim = self.dim_expr(expr)
-            self.require_dim_positive(dim, expr.span)
-            return dim
-        if kind == "axis":
-            return self.int_literal(expr)
-        if kind == "offset":
-            dim = self.dim_expr(expr)
-            if self.evaluate(dim) < 0:
-                raise KinaError("shape", f"'{opname}' needs a position >= 0, got "
-                                f"{format_dim(dim)} = {self.evaluate(dim)}", expr.span)
-            return dim
-        if kind == "number":
-            number = self.number_value(expr)
-            if number is None:
-                raise KinaError("type", f"'{opname}' expects a number (a literal or a const)",
-                                expr.span)
-            return float(number)
-        if kind == "dtype":
-            if not isinstance(expr, ast.Name) or expr.ident not in SURFACE_DTYPES:
-                raise KinaError("type", f"'{opname}' expects an element type: "
-                                f"{', '.join(SURFACE_DTYPES)}", expr.span)
-            return SURFACE_DTYPES[expr.ident].value
-        raise AssertionError(kind)
-
-    def int_literal(self, expr: ast.Expr) -> int:
-        value = _literal_value(expr)
-        if not isinstance(value, int):
-            raise KinaError("type", "expected an integer literal", expr.span)
-        if abs(value) > MAX_DIM:
-            raise KinaError("type", f"integer {value} is out of range", expr.span)
-        return value
 
     def dim_expr(self, expr: ast.Expr, allow_infer: bool = False) -> sympy.Expr:
         if isinstance(expr, ast.IntLit):
@@ -654,8 +355,8 @@ class _Checker:
                 raise KinaError("type", f"'{expr.ident}' is a tensor, not a dimension",
                                 expr.span)
             raise KinaError("name", f"unknown const '{expr.ident}' in a dimension", expr.span,
-                            _did_you_mean(expr.ident, list(self.symbols)))
-        if isinstance(expr, ast.Unary) and allow_infer and _literal_value(expr) == -1:
+                            did_you_mean(expr.ident, list(self.symbols)))
+        if isinstance(expr, ast.Unary) and allow_infer and literal_value(expr) == -1:
             return sympy.Integer(-1)
         if isinstance(expr, ast.Binary) and expr.op in "+-*":
             lhs, rhs = self.dim_expr(expr.lhs), self.dim_expr(expr.rhs)
@@ -714,200 +415,3 @@ class _Checker:
         return ttype
 
 
-class _OpContext:
-    """The `ShapeContext` handed to an op's typing rule for one call site."""
-
-    def __init__(self, checker: _Checker, opname: str, span: Span, arg_spans: dict[str, Span]):
-        self.checker = checker
-        self.opname = opname
-        self.span = span
-        self.arg_spans = arg_spans
-
-    def _span(self, at: str | None) -> Span:
-        return self.arg_spans.get(at, self.span) if at else self.span
-
-    def record(self, kind: str, claim: str) -> None:
-        function = self.checker.scope.name if self.checker.scope else ""
-        self.checker.obligations.append(Obligation(function, kind, claim, self.span))
-
-    def prove_equal(self, lhs, rhs, kind, claim, message, at=None, notes=()) -> None:
-        lhs_expanded, rhs_expanded = sympy.expand(lhs), sympy.expand(rhs)
-        # Expanded polynomials are canonical, so equal ones need no subtraction (which builds
-        # an Add, and sympy's first Add costs ~30 ms of lazy imports).
-        if lhs_expanded == rhs_expanded:
-            self.record(kind, claim)
-            return
-        difference = sympy.expand(lhs_expanded - rhs_expanded)
-        if difference == 0:
-            self.record(kind, claim)
-            return
-        values = self.checker.substitution
-        concrete_lhs = sympy.sympify(lhs).subs(values)
-        concrete_rhs = sympy.sympify(rhs).subs(values)
-        extra = [f"{format_dim(lhs)} - ({format_dim(rhs)}) simplifies to "
-                 f"{format_dim(difference)}, not 0"]
-        if concrete_lhs == concrete_rhs:
-            extra.append(f"they are equal for the current values ({concrete_lhs}), but not "
-                         "for every value of the constants, and shapes are checked for all "
-                         "values")
-            lhs_e, rhs_e = sympy.sympify(lhs), sympy.sympify(rhs)
-            if kind == "reshape-count":
-                extra.append("write the target dims with the consts of the source shape")
-            elif lhs_e.is_Integer != rhs_e.is_Integer:
-                symbolic, literal = (rhs_e, lhs_e) if lhs_e.is_Integer else (lhs_e, rhs_e)
-                extra.append(f"write {format_dim(symbolic)} instead of the literal {literal}")
-            else:
-                extra.append("define one const in terms of the other (e.g. const D = H * Dh)")
-        raise KinaError("shape", message, self._span(at), tuple(notes) + tuple(extra))
-
-    def fail(self, kind, message, at=None, notes=()) -> None:
-        raise KinaError(kind, message, self._span(at), tuple(notes))
-
-    def prove_at_most(self, lhs, rhs, kind, claim, message, at=None) -> None:
-        """lhs <= rhs: proved for every value of the consts when sympy can (T - 1 >= 0),
-        otherwise checked at the declared values and recorded as such."""
-        gap = sympy.expand(sympy.sympify(rhs) - sympy.sympify(lhs))
-        if gap.is_nonnegative:
-            self.record(kind, claim)
-            return
-        if self.checker.evaluate(gap) < 0:
-            raise KinaError("shape", message, self._span(at))
-        self.record(kind, claim + " (at the declared const values)")
-
-
-# ---- helpers --------------------------------------------------------------------------------
-
-def _literal_value(expr: ast.Expr):
-    if isinstance(expr, ast.IntLit):
-        return expr.value
-    if isinstance(expr, ast.FloatLit):
-        return expr.value
-    if isinstance(expr, ast.Unary) and expr.op == "-":
-        inner = _literal_value(expr.operand)
-        return None if inner is None else -inner
-    return None
-
-
-def _freeze(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, sympy.Integer):
-        return int(value)
-    return value
-
-
-def _bind_arguments(op: OpDef, call: ast.Call) -> dict[str, ast.Expr]:
-    params = op.params
-    positional = [p for p in params if not p.keyword_only]
-    args: list = list(call.args)
-    if positional and positional[-1].variadic:
-        # The trailing variadic parameter takes every remaining positional argument.
-        fixed = len(positional) - 1
-        if len(args) <= fixed:
-            raise KinaError("arity", f"'{op.name}' needs at least one tensor", call.span,
-                            (_signature_text(op),))
-        args = args[:fixed] + [args[fixed:]]
-    if len(args) > len(positional):
-        raise KinaError("arity", f"'{op.name}' takes at most {len(positional)} positional "
-                        f"argument(s), got {len(call.args)}", call.args[len(positional)].span,
-                        (_signature_text(op),))
-    bound: dict[str, ast.Expr] = {}
-    for param, arg in zip(positional, args, strict=False):
-        bound[param.name] = arg
-    by_name = {p.name: p for p in params}
-    for kwarg in call.kwargs:
-        if kwarg.name not in by_name:
-            raise KinaError("arity", f"'{op.name}' has no argument named '{kwarg.name}'",
-                            kwarg.span, (_signature_text(op),))
-        if kwarg.name in bound:
-            raise KinaError("arity", f"argument '{kwarg.name}' of '{op.name}' is given twice",
-                            kwarg.span)
-        bound[kwarg.name] = kwarg.value
-    for param in params:
-        if param.name not in bound and not param.has_default:
-            raise KinaError("arity", f"'{op.name}' is missing argument '{param.name}'",
-                            call.span, (_signature_text(op),))
-    return bound
-
-
-def _signature_text(op: OpDef) -> str:
-    shown = {"tensor": "tensor", "tensor_or_literal": "tensor or number", "dims": "[dims]",
-             "ints": "[ints]", "dim": "dim", "axis": "int", "tensors": "tensor, ...",
-             "offset": "dim", "number": "number", "dtype": "DTYPE"}
-    parts = [f"{p.name}: {shown[p.kind]}" for p in op.params]
-    return f"signature: {op.name}({', '.join(parts)})"
-
-
-def _did_you_mean(name: str, candidates: list[str]) -> tuple[str, ...]:
-    import difflib
-
-    close = difflib.get_close_matches(name, candidates, n=1)
-    return (f"did you mean '{close[0]}'?",) if close else ()
-
-
-# ---- specialisation -------------------------------------------------------------------------
-
-_EVALUATED: dict[tuple, int] = {}
-_FREE_NAMES: dict = {}  # dim -> the names of the consts it mentions
-
-
-def evaluate_dim(dim, constants: dict[str, int]) -> int:
-    """int(dim) with each const symbol replaced by its value; memoised, since the same few
-    dims recur through a program (sympy's subs is slow)."""
-    if isinstance(dim, int):
-        return dim
-    if dim.is_Integer:
-        return int(dim)
-    # Only the consts the dim mentions: keying and substituting over every const made a
-    # program with thousands of consts quadratic.
-    names = _FREE_NAMES.get(dim)
-    if names is None:
-        names = tuple(sorted(symbol.name for symbol in dim.free_symbols))
-        if len(_FREE_NAMES) > 100_000:
-            _FREE_NAMES.clear()
-        _FREE_NAMES[dim] = names
-    used = tuple((name, constants[name]) for name in names if name in constants)
-    key = (dim, used)
-    value = _EVALUATED.get(key)
-    if value is None:
-        mapping = {const_symbol(n): sympy.Integer(v) for n, v in used}
-        value = int(dim.xreplace(mapping))
-        if len(_EVALUATED) > 100_000:
-            _EVALUATED.clear()
-        _EVALUATED[key] = value
-    return value
-
-
-def specialize(checked: CheckedProgram) -> Program:
-    """Substitute every const's value: all shapes and dim attributes become ints."""
-
-    def concrete(dim):
-        return evaluate_dim(dim, checked.constants)
-
-    def ttype(t: TensorType) -> TensorType:
-        return TensorType(t.dtype, tuple(concrete(d) for d in t.shape))
-
-    def value(v: Value) -> Value:
-        return Value(v.name, ttype(v.type))
-
-    def attr(key, v):
-        if key in ("shape", "n") or (isinstance(v, sympy.Expr)):
-            if isinstance(v, tuple):
-                return tuple(concrete(d) for d in v)
-            return concrete(v) if not isinstance(v, (str, float)) else v
-        return v
-
-    functions = []
-    for function in checked.program.functions:
-        body = tuple(Operation(op.op, tuple(value(v) for v in op.operands),
-                               tuple(value(v) for v in op.results),
-                               tuple((k, attr(k, v)) for k, v in op.attrs), op.span)
-                     for op in function.body)
-        functions.append(Function(function.name, tuple(value(v) for v in function.params), body,
-                                  tuple(value(v) for v in function.results), function.is_main,
-                                  function.span))
-    return Program(checked.program.constants, tuple(functions))
-
-
-def dtype_of(name: str) -> DType:
-    return SURFACE_DTYPES[name]

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .autodiff import gradient_function
 from .ops import REGISTRY
 from .ops.indexing import IdOutOfRange
-from .tensor_ir import Function, Operation, Program, Value
+from .tensor_ir import Function, Operation, Program, Value, main_outputs
 
 
 class InterpreterError(ValueError):
@@ -48,12 +49,6 @@ def _live(function: Function, outputs: Sequence[Value]) -> set[int]:
             needed.update(v.name for v in op.operands)
     return live
 
-
-def main_outputs(function: Function) -> tuple[Value, ...]:
-    """What an @main without `return` produces: every value no later operation reads."""
-    read = {v.name for op in function.body for v in op.operands}
-    return tuple(r for op in function.body for r in op.results
-                 if r.name not in read and op.op != "placeholder")
 
 
 def _bind_params(function: Function, args: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
@@ -104,8 +99,6 @@ def _run_operation(program: Program, op: Operation, args: list[np.ndarray],
     if op.op == "call":
         return interpret(program, op.attr("callee"), *args)
     if op.op == "reverse_mode":
-        from .autodiff import gradient_function  # the transform lives in the frontend
-
         transformed = gradient_function(program, op.attr("callee"), op.attr("wrt"))
         return interpret(transformed.program, transformed.name, *args)
     definition = REGISTRY.get(op.op)

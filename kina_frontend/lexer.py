@@ -9,9 +9,6 @@ from .diagnostics import KinaError, Source, Span
 
 KEYWORDS = frozenset({"const", "fn", "let", "return"})
 
-# Longest punctuation first so `->` wins over `-`.
-PUNCTUATION = ("->", "(", ")", "[", "]", "{", "}", ",", ";", ":", "=", "+", "-", "*", "/", "@")
-
 # One pattern for every token and skipped run, tried at each position; the first
 # alternative that matches wins, so `//` and `/*` precede `/`, and `->` precedes `-`.
 # Digits are ASCII only (Python's \d would also take other scripts' digits).

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .tensor_ir import Function, Operation, Value, make_attrs
-from .transforms import eliminate_dead_code
 from .verify import dims_equal, types_equal
 
 Defs = dict[str, Operation]
@@ -237,3 +236,15 @@ def simplify_function(function: Function) -> Function:
         if function.body == before.body and function.results == before.results:
             break
     return function
+
+
+def eliminate_dead_code(function: Function) -> Function:
+    """Drop operations none of whose results reaches a function result."""
+    live = {v.name for v in function.results}
+    kept = []
+    for op in reversed(function.body):
+        if any(r.name in live for r in op.results):
+            kept.append(op)
+            live.update(v.name for v in op.operands)
+    return Function(function.name, function.params, tuple(reversed(kept)), function.results,
+                    function.is_main, function.span)

@@ -510,3 +510,10 @@ def parse_ir(text: str, name: str = "<ir>") -> Program:
     `IRParseError`, a `KinaError` at its line and column in `text` (shown as `name`); each
     operation and function gets a span into `text`, so later diagnostics point there too."""
     return _IRParser(Source(name, text)).program()
+
+
+def main_outputs(function: Function) -> tuple[Value, ...]:
+    """What an @main without `return` produces: every value no later operation reads."""
+    read = {v.name for op in function.body for v in op.operands}
+    return tuple(r for op in function.body for r in op.results
+                 if r.name not in read and op.op != "placeholder")

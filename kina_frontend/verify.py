@@ -223,7 +223,7 @@ def check_program(program: Program) -> None:
 
 
 def _check_concrete(program: Program) -> None:
-    from .checker import MAX_DIM, MAX_ELEMENTS  # the limits the checker puts on source
+    from .checked import MAX_DIM, MAX_ELEMENTS  # the limits the checker puts on source
 
     def check(ttype, what: str, span) -> None:
         if not isinstance(ttype, TensorType):

@@ -628,7 +628,7 @@ def _compile_and_compare(program, rng: np.random.Generator) -> str:
 
 
 def _inputs(function, rng: np.random.Generator) -> list[np.ndarray]:
-    from tilegen.driver import id_limits
+    from tilegen.run_inputs import id_limits
 
     limits = id_limits(function)
     inputs = []

@@ -7,11 +7,13 @@ import json
 
 import numpy as np
 
-from tilegen import autotune
+from tilegen import autotune, config
 from tilegen.api import compile_source
 from tilegen.gemm import default_tiles
 from tilegen.loopir import Gemm
 from tilegen.runtime import program_of
+
+HOST = config.load().target  # what compile_source compiles for (TILEGEN_TARGET or host)
 
 SOURCE = """
 fn mm(a: Tensor[F32, [70, 90], @host], b: Tensor[F32, [90, 50], @host])
@@ -22,9 +24,9 @@ fn mm(a: Tensor[F32, [70, 90], @host], b: Tensor[F32, [90, 50], @host])
 
 
 def test_candidates_include_the_default_and_respect_lanes():
-    options = autotune.candidates("f32", 70, 50, 90)
-    assert default_tiles("f32", 70, 50, 90) in options
-    assert all(t.nr % 16 == 0 and t.mc % t.mr == 0 and t.kc <= 90 for t in options)
+    options = autotune.candidates("f32", 70, 50, 90, HOST)
+    assert default_tiles("f32", 70, 50, 90, HOST) in options
+    assert all(t.nr % HOST.lanes("f32") == 0 and t.mc % t.mr == 0 and t.kc <= 90 for t in options)
 
 
 def test_autotuned_tiles_are_remembered_on_disk(tmp_path, monkeypatch):
@@ -41,9 +43,10 @@ def test_autotuned_tiles_are_remembered_on_disk(tmp_path, monkeypatch):
     np.testing.assert_allclose(module.mm(a, b), a @ b, rtol=1e-4, atol=1e-4)
     # A new process (empty memory) reads the table instead of measuring again.
     monkeypatch.setattr(autotune, "_memory", {})
-    monkeypatch.setattr(autotune, "_measure", lambda *args: (_ for _ in ()).throw(
-        AssertionError("measured again")))
-    again = autotune.choose("f32", (), 70, 50, 90, gemm.threads, str(tmp_path))
+    def measure(*args):
+        raise AssertionError("measured again")
+
+    again = autotune.choose("f32", (), 70, 50, 90, gemm.threads, str(tmp_path), HOST, measure)
     assert again == gemm.tiles
 
 
@@ -51,11 +54,26 @@ def test_autotune_off_is_deterministic(monkeypatch):
     monkeypatch.delenv("TILEGEN_AUTOTUNE", raising=False)
     module = compile_source(SOURCE, "default.kina")
     (gemm,) = [s for s in program_of(module).plans["mm"].kernel.body if isinstance(s, Gemm)]
-    assert gemm.tiles == default_tiles("f32", 70, 50, 90)
+    assert gemm.tiles == default_tiles("f32", 70, 50, 90, HOST)
 
 
 def test_every_candidate_has_whole_panels():
     # A B panel narrower than a whole number of micro-panels overflowed the packing buffer.
     for n in (50, 256, 4096, 333):
-        for tiles in autotune.candidates("f32", 256, n, 512):
+        for tiles in autotune.candidates("f32", 256, n, 512, HOST):
             assert tiles.nc % tiles.nr == 0 and tiles.mc % tiles.mr == 0, tiles
+
+
+def test_choose_keeps_the_candidate_the_measure_calls_fastest(monkeypatch):
+    """autotune measures only through the callback it is handed (the driver's)."""
+    monkeypatch.setattr(autotune, "_memory", {})
+    options = autotune.candidates("f32", 70, 50, 90, HOST)
+    fastest = options[-1]
+    timed = []
+
+    def measure(dtype, batch, m, n, k, tiles):
+        timed.append(tiles)
+        return 1.0 if tiles == fastest else 2.0
+
+    assert autotune.choose("f32", (), 70, 50, 90, 1, None, HOST, measure) == fastest
+    assert sorted(timed, key=str) == sorted(options, key=str)

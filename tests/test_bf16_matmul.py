@@ -21,10 +21,10 @@ from tilegen.api import compile_program
 from tilegen.gemm_bf16 import dot_available
 from tilegen.loopir import Gemm
 from tilegen.runtime import program_of
-from tilegen.target import host_cpu
+from tilegen.target import host_target
 
 BF16 = ml_dtypes.bfloat16
-HOST_HAS_DOT = "+avx512bf16" in host_cpu()[1].split(",")
+HOST_HAS_DOT = "+avx512bf16" in host_target().features.split(",")
 PATHS = [pytest.param("1", marks=pytest.mark.skipif(not HOST_HAS_DOT,
                                                       reason="host has no AVX512-BF16")),
          "0"]

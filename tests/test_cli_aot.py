@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tilegen.compile import build_parser
-from tilegen.driver import format_seconds
+from tilegen.run_inputs import format_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -103,7 +103,7 @@ def test_run_draws_scatter_add_ids_below_its_rows(tmp_path):
 def test_id_limits_come_from_every_id_reading_op():
     from kina_frontend import program_from_text
     from kina_frontend.ops import REGISTRY
-    from tilegen.driver import id_limits
+    from tilegen.run_inputs import id_limits
 
     assert sorted(n for n, d in REGISTRY.items() if d.ids_bound) == \
         ["gather", "one_hot", "scatter_add"]
@@ -120,13 +120,13 @@ def test_id_limits_come_from_every_id_reading_op():
 def test_run_out_of_memory_is_a_diagnostic(monkeypatch, capsys):
     """A MemoryError while --run makes the placeholders or runs @main ends as K900 at the
     @main (simulated: a real one would take the machine's memory)."""
+    from tilegen import cli_actions
     from tilegen import compile as cli
-    from tilegen import driver
 
     def no_memory(*args, **kwargs):
         raise MemoryError("simulated")
 
-    monkeypatch.setattr(driver, "placeholder_values", no_memory)
+    monkeypatch.setattr(cli_actions, "placeholder_values", no_memory)
     assert cli.main(["storylm0_forward.kina", "--run"]) == 1
     error = capsys.readouterr().err
     assert re.match(r"\S+storylm0_forward\.kina:\d+:\d+: error\[K900\]: @main: not enough "

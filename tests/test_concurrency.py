@@ -395,7 +395,7 @@ class MallInfo2(ctypes.Structure):
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
 text = "define double @f(double %x) {\\n %y = fmul double %x, 2.0\\n ret double %y\\n}"
-machine = target.target_machine(False)
+machine = target.target_machine(target.host_target())
 samples = []
 for run in range(600):
     module = llvm.parse_assembly(text)

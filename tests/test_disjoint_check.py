@@ -16,18 +16,18 @@ import pytest
 from llvmlite import ir
 
 from tilegen.fastcall import OVERLAP_LANES, _disjointness_check
-from tilegen.pipeline import to_llvm, triple
-from tilegen.target import LLVM_LOCK, new_target_machine
+from tilegen.pipeline import to_llvm
+from tilegen.target import LLVM_LOCK, host_target, new_target_machine
 
 
 def _compiled_check(inputs: int, extents: list[int]):
     module = ir.Module("disjoint")
-    module.triple = triple()
+    module.triple = host_target().triple
     function = _disjointness_check(module, "probe", inputs, extents)
     function.linkage = "external"
-    parsed = to_llvm(module)
+    parsed = to_llvm(module, host_target())
     with LLVM_LOCK:
-        engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
+        engine = llvm.create_mcjit_compiler(parsed, new_target_machine(host_target()))
         engine.finalize_object()
         address = engine.get_function_address("probe.disjoint")
     check = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ctypes.c_int64))(address)

@@ -32,7 +32,7 @@ def _entry_instructions(arity: int) -> int:
     its time on. (O3's output is no measure: the SLP vectoriser folded the old chain into
     a few vector compares, after seconds of work.)"""
     (plan,) = plan_program(program_from_text(_source(arity)))
-    parsed = to_llvm(codegen([plan]), optimize_module=False)
+    parsed = to_llvm(codegen([plan]), plan.target, optimize_module=False)
     return sum(len(list(block.instructions))
                for function in parsed.functions
                if function.name.startswith((plan.entry_symbol, plan.call_symbol))

@@ -7,11 +7,14 @@ import numpy as np
 import pytest
 
 from kina_frontend import program_from_text
+from tilegen import config
 from tilegen import loopir as L
 from tilegen.api import compile_program
 from tilegen.fission import MAX_ROW_EXTENT, fission_pass
 from tilegen.loopir_parse import parse_kernel
 from tilegen.runtime import program_of
+
+TARGET = config.load().target
 
 
 def _ty(shape, dtype="F32"):
@@ -108,14 +111,14 @@ def test_a_temporary_shared_by_all_rows_blocks_the_split():
     """`t` holds one row at a time: running the first step for every row before the
     second would leave only the last row in it."""
     kernel = parse_kernel(_ROW_SHARED_TEMP)
-    assert fission_pass(kernel) == kernel
+    assert fission_pass(kernel, TARGET) == kernel
 
 
 def test_a_row_private_temporary_splits():
     """Three steps; the first (a cheap row of t) and the second (its sum) are then joined
     again as producer and row reduction, so two nests remain."""
     kernel = parse_kernel(_ROW_PRIVATE)
-    split = fission_pass(kernel)
+    split = fission_pass(kernel, TARGET)
     assert len(split.body) == 2
     assert [b.name for b in split.buffers if b.name not in ("x", "t", "out0")] == ["s_rows"]
     assert split.buffer("s_rows").shape == (16,)
@@ -139,7 +142,7 @@ def test_id_checks_stay_in_one_nest():
 }
 """
     kernel = parse_kernel(text)
-    assert fission_pass(kernel) == kernel
+    assert fission_pass(kernel, TARGET) == kernel
 
 
 def test_a_row_reduction_joins_the_nest_that_produced_the_row():
@@ -184,7 +187,7 @@ _PRODUCER_THEN_REDUCTION = """kernel @f
 
 def test_a_reduction_of_its_own_row_merges():
     kernel = parse_kernel(_PRODUCER_THEN_REDUCTION.replace("READ", "t[r, k]"))
-    merged = fission_pass(kernel)
+    merged = fission_pass(kernel, TARGET)
     assert len(merged.body) == 1
     assert "out0[i] = sum[k < 8](t[i, k])" in L.format_kernel(merged)
 
@@ -193,4 +196,4 @@ def test_a_reduction_of_its_own_row_merges():
 def test_a_reduction_of_another_row_stays_apart(read):
     """Row r + 1 (or row 0) is not written yet when row r would run its reduction."""
     kernel = parse_kernel(_PRODUCER_THEN_REDUCTION.replace("READ", read))
-    assert fission_pass(kernel) == kernel
+    assert fission_pass(kernel, TARGET) == kernel

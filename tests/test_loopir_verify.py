@@ -18,6 +18,7 @@ from tilegen import config, pipeline
 from tilegen import loopir as L
 from tilegen.codegen import KernelCodegen
 from tilegen.loopir_verify import LoopIRVerifyError, verify_kernel
+from tilegen.pipeline import EMITTERS
 from tilegen.unary_emit import UNARY_EMIT
 from tilegen.vecmath import MathLibrary
 
@@ -116,7 +117,8 @@ def test_verifier_errors_show_the_statement():
 
 def _build(kernel: L.Kernel) -> ir.Module:
     module = ir.Module()
-    KernelCodegen(module, kernel, "k", MathLibrary(module)).build()
+    target = config.load().target
+    KernelCodegen(module, kernel, "k", MathLibrary(module, target), target, EMITTERS).build()
     return module
 
 

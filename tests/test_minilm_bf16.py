@@ -21,7 +21,7 @@ from kina_frontend.types import DType  # noqa: E402
 from kina_models.minilm import SentenceEncoder  # noqa: E402
 from kina_models.minilm.checkpoint import default_model_dir  # noqa: E402
 from tilegen.api import compile_program  # noqa: E402
-from tilegen.target import host_cpu  # noqa: E402
+from tilegen.target import host_target  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 COSINE_MIN = 0.9999
@@ -82,7 +82,7 @@ def sentences() -> list[str]:
 
 @pytest.mark.parametrize("dot", [
     pytest.param("1", marks=pytest.mark.skipif(
-        "+avx512bf16" not in host_cpu()[1].split(","), reason="host has no AVX512-BF16")),
+        "+avx512bf16" not in host_target().features.split(","), reason="host has no AVX512-BF16")),
     "0"])
 def test_minilm_with_bf16_weights_keeps_the_f32_embeddings(sentences, dot, monkeypatch):
     from sentence_transformers import SentenceTransformer

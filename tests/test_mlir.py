@@ -317,14 +317,15 @@ class LoweredModule:
     def __init__(self, text: str):
         import llvmlite.binding as llvm
 
-        from tilegen.target import LLVM_LOCK, new_target_machine
+        from tilegen.target import LLVM_LOCK, host_target, new_target_machine
 
         llvm_ir = lower_to_llvm_ir(text)
         with LLVM_LOCK:
             module = llvm.parse_assembly(llvm_ir)
             module.verify()
             # The engine owns (and frees) its target machine: never the shared one.
-            self._engine = llvm.create_mcjit_compiler(module, new_target_machine(False))
+            self._engine = llvm.create_mcjit_compiler(module,
+                                                      new_target_machine(host_target()))
             self._engine.finalize_object()
         self._lock = LLVM_LOCK
 

@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 
 from kina_frontend import program_from_text
+from tilegen import config
 from tilegen import loopir as L
 from tilegen.api import compile_program
+from tilegen.fission import fission_pass
 from tilegen.loopir_parse import parse_kernel
+from tilegen.pipeline import lower, prepare
 from tilegen.rowscale import defer_row_scaling
 from tilegen.runtime import program_of
 
@@ -59,8 +62,9 @@ def test_attention_scales_the_weighted_sums(heads, t, width):
                                   "p on both sides"])
 def test_other_readers_keep_the_scaling(case):
     """p a result as well (it must be written scaled), p read outside a sum over its rows,
-    p in both factors of the product: p is scaled where it is produced, as before."""
-    t, width = 9, 3
+    p in both factors of the product: p is scaled where it is produced, as before. 21 rows:
+    fission splits the softmax (16 rows or more), so its scaling nest reaches the pass."""
+    t, width = 21, 3
     body, first, second = {
         "p is a result too": ("return (matmul(p, v), p);", (t, width), (t, t)),
         "p read elementwise": ("return (matmul(p, v), mul(p, s));", (t, width), (t, t)),
@@ -68,9 +72,18 @@ def test_other_readers_keep_the_scaling(case):
     }[case]
     source = (f"fn f(s: {_ty((t, t))}, v: {_ty((t, width))}) -> ({_ty(first)}, "
               f"{_ty(second)}) {{ let p = softmax(s, axis=1); {body} }}")
-    module = compile_program(program_from_text(source, "readers.kina"))
-    kernel = program_of(module).plans["f"].kernel
-    assert defer_row_scaling(kernel) == kernel
+    program = program_from_text(source, "readers.kina")
+    options = config.load()
+    before = fission_pass(lower(prepare(program, "f", options), options), options.target)
+    assert _scaling_nests(before) == 1  # what the pass is asked to move
+    assert defer_row_scaling(before) == before
+    control = fission_pass(lower(prepare(program_from_text(
+        source.replace(body, "return (matmul(p, v), s);").replace(
+            f"-> ({_ty(first)}", f"-> ({_ty((t, width))}"), "control.kina"), "f", options),
+        options), options.target)
+    assert _scaling_nests(control) == 1 and _scaling_nests(defer_row_scaling(control)) == 0
+    module = compile_program(program)
+    assert _scaling_nests(program_of(module).plans["f"].kernel) == 1
     rng = np.random.default_rng(7)
     s = rng.standard_normal((t, t)).astype(np.float32)
     v = rng.standard_normal((t, width)).astype(np.float32)

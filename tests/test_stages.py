@@ -149,7 +149,8 @@ def _llvm_of(kernel: L.Kernel) -> str:
     from tilegen.loopfile import kernel_plan
     from tilegen.pipeline import codegen, to_llvm
 
-    return str(to_llvm(codegen([kernel_plan(kernel, config.load())]),
+    options = config.load()
+    return str(to_llvm(codegen([kernel_plan(kernel, options)]), options.target,
                        optimize_module=False))
 
 

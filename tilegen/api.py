@@ -14,36 +14,43 @@ from .cache import MEMORY, DiskCache, cache_key
 from .library import aot_module
 from .pipeline import PlanTable, plan_program
 from .runtime import CompiledModule, jit_module
+from .tuning import tile_chooser
 
 
 def compile_program(program: Program, jit: bool = True, output: str | None = None,
-                    names: tuple[str, ...] | None = None) -> CompiledModule:
+                    names: tuple[str, ...] | None = None,
+                    target: str | None = None) -> CompiledModule:
     """Compile concrete tensor IR. `jit=True` stays in memory; `jit=False` builds a shared
     library (kept at `output` if given, otherwise in a temporary folder that is removed).
     The program is verified first (`kina_frontend.verify.check_program`): ill-typed IR is a
     KinaError naming the operation, never lowered."""
     check_program(program)
     text = format_program(program, with_locations=True)
-    return _compile(f"<program {names or ''}>", text, lambda: program, jit, output, names)
+    return _compile(f"<program {names or ''}>", text, lambda: program, jit, output, names,
+                    target=target)
 
 
 def compile_source(text: str, name: str = "<string>", jit: bool = True,
                    output: str | None = None, consts: Mapping[str, int] | None = None,
-                   functions: Iterable[str] | None = None) -> CompiledModule:
+                   functions: Iterable[str] | None = None,
+                   target: str | None = None) -> CompiledModule:
     """Compile Kina source text; `name` is the file name diagnostics show. The keywords are
     those of `compile_file`."""
-    return _compile_source(Source(name, text), jit, output, consts, functions)
+    return _compile_source(Source(name, text), jit, output, consts, functions, target)
 
 
 def compile_file(path: str | os.PathLike, jit: bool = True, output: str | None = None,
                  consts: Mapping[str, int] | None = None,
-                 functions: Iterable[str] | None = None) -> CompiledModule:
+                 functions: Iterable[str] | None = None,
+                 target: str | None = None) -> CompiledModule:
     """Compile a .kina file (or a bundled example name) into a module whose attributes are
     its functions; each takes NumPy arrays positionally and returns an array or a tuple.
 
     `consts={"T": 128}` compiles the program with those values for consts defined by an
     integer literal (shapes are proved for every value, so one source serves every size);
-    `functions=("f",)` compiles only those functions (the others are still checked).
+    `functions=("f",)` compiles only those functions (the others are still checked);
+    `target="x86-64-v3"` generates code for that target instead of TILEGEN_TARGET or this
+    machine (tilegen/target.py; it must be one this machine can run).
 
     A path ending in `.loops` is loop IR (the text `--emit loops` prints, verified as it is
     read): its kernels are compiled as written, each a function of its input buffers
@@ -55,13 +62,14 @@ def compile_file(path: str | os.PathLike, jit: bool = True, output: str | None =
         if consts:
             raise KinaError("io", f"consts= has no meaning for loop IR ({source.name}: its "
                             f"shapes are fixed)", None)
-        return compile_loops(source, jit, output, functions)
-    return _compile_source(source, jit, output, consts, functions)
+        return compile_loops(source, jit, output, functions, target)
+    return _compile_source(source, jit, output, consts, functions, target)
 
 
 def _compile_source(source: Source, jit: bool, output: str | None,
                     consts: Mapping[str, int] | None,
-                    functions: Iterable[str] | None) -> CompiledModule:
+                    functions: Iterable[str] | None,
+                    target: str | None = None) -> CompiledModule:
     consts = dict(consts or {})
     names = None if functions is None else tuple(functions)
 
@@ -78,7 +86,7 @@ def _compile_source(source: Source, jit: bool, output: str | None,
         return program
 
     return _compile(source.name, source.text, frontend, jit, output, names,
-                    tuple(sorted(consts.items())))
+                    tuple(sorted(consts.items())), target)
 
 
 def planned(name: str, text: str, frontend, settings: config.Config, jit: bool,
@@ -92,9 +100,9 @@ def planned(name: str, text: str, frontend, settings: config.Config, jit: bool,
     disk = DiskCache.open(settings.cache_dir) if settings.cache_dir and jit else None
     plans = disk.load_plans(key) if disk is not None else None
     if plans is None and lazy and disk is None:
-        plans = PlanTable(frontend(), names, settings)
+        plans = PlanTable(frontend(), names, settings, tile_chooser(settings))
     elif plans is None:
-        plans = plan_program(frontend(), names, settings)
+        plans = plan_program(frontend(), names, settings, tile_chooser(settings))
         if disk is not None:
             disk.store_plans(key, plans)
     return plans, disk, key
@@ -106,8 +114,9 @@ def _key(name: str, text: str, names, consts, settings: config.Config, jit: bool
 
 def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
              names: tuple[str, ...] | None = None,
-             consts: tuple[tuple[str, int], ...] = ()) -> CompiledModule:
-    settings = config.load()
+             consts: tuple[tuple[str, int], ...] = (),
+             target: str | None = None) -> CompiledModule:
+    settings = config.load(target)
     key = _key(name, text, names, consts, settings, jit)
     if output is None and settings.memory_cache_entries:
         cached = MEMORY.get(key)

@@ -40,6 +40,8 @@ from kina_frontend.types import DType
 
 from . import loopir as L
 from .affine import to_affine
+from .gemm import GEMM_PARALLEL_WORK
+from .views import View
 
 # The operand positions through which each elementwise op may carry the scores.
 CHAIN_OPS = {"add": (0, 1), "sub": (0, 1), "mul": (0, 1), "div": (0, 1), "neg": (0,),
@@ -136,8 +138,6 @@ def lowering_hooks(function: Function, options) -> dict:
 
 def _scores_rule(match: _Match):
     def rule(ctx, op, operands):
-        from .lower import View
-
         match.views["q"], match.views["kt"] = operands
         dtype = L.value_type(op.result.type.dtype.value)
         s = L.Var(ctx.fresh_name("s"), dtype)
@@ -148,8 +148,6 @@ def _scores_rule(match: _Match):
 
 def _softmax_rule(match: _Match):
     def rule(ctx, op, operands):
-        from .lower import View
-
         match.views["x"] = operands[0]
 
         def absorbed(index):
@@ -161,7 +159,7 @@ def _softmax_rule(match: _Match):
 def _out_rule(match: _Match):
     def rule(ctx, op, operands):
         match.views["v"] = operands[1]
-        return L.RowKernel(op.result.type, lambda ctx, out: [_emit(ctx, match, out)])
+        return L.BufferWriter(op.result.type, lambda ctx, out: [_emit(ctx, match, out)])
     return rule
 
 
@@ -185,8 +183,6 @@ def _emit(ctx, match: _Match, out: str) -> L.Attention:
     work = 2 * tq * tk * (d + dv)
     for extent in extents:
         work *= extent
-    from .lower import GEMM_PARALLEL_WORK
-
     threads = ctx.options.num_threads if work >= GEMM_PARALLEL_WORK else 1
     return L.Attention(out, q_name, kt_name, v_name, batch, extents, i, j, match.views["s"],
                        tq, tk, d, dv, score, unmasked, causal, dtype, BLOCK_ROWS, block_keys,

@@ -24,6 +24,7 @@ import math
 from llvmlite import ir
 
 from . import loopir as L
+from .codegen_values import Val
 
 I1 = ir.IntType(1)
 I32 = ir.IntType(32)
@@ -67,7 +68,7 @@ class _Emitter:
         return ir.Constant(self.element, value)
 
     def _splat(self, value) -> ir.Value:
-        return self.cg._splat(value, self.lanes)
+        return self.cg.splat(value, self.lanes)
 
     def _pointer(self, base, offset) -> ir.Value:
         pointer = self.b.gep(base, [offset], inbounds=True, source_etype=self.element)
@@ -123,7 +124,7 @@ class _Emitter:
         def unit(index, carried):
             self._block(index)
             return carried
-        cg._loop(lo, hi, 1, [], unit)
+        cg.loop(lo, hi, 1, [], unit)
 
     def _block(self, unit) -> None:
         a, b, cg = self.a, self.b, self.cg
@@ -136,7 +137,7 @@ class _Emitter:
         odd = b.icmp_signed("!=", b.srem(position, _c(2)), _c(0))
         block = b.select(odd, b.sub(_c(self.blocks - 1), half), half)
         first_row = b.mul(block, _c(self.rows))
-        cg._push()
+        cg.push_scope()
         remainder = entry
         for var, extent in reversed(list(zip(a.batch, a.batch_extents, strict=True))):
             cg.env[-1][var.name] = _val(b.srem(remainder, _c(extent)))
@@ -159,10 +160,10 @@ class _Emitter:
             carried = self._keys(_c(0), clean, carried, a.unmasked)
             carried = self._keys(clean, bound, carried, a.score)
         self._finish(first_row, carried[self.rows:])
-        cg._pop()
+        cg.pop_scope()
 
     def _keys(self, start, stop, carried, score: L.Expr):
-        return self.cg._loop(start, stop, self.a.block_keys, carried,
+        return self.cg.loop(start, stop, self.a.block_keys, carried,
                              lambda j0, values: self._key_block(j0, values, score))
 
     def _key_block(self, j0, carried, score: L.Expr):
@@ -186,7 +187,7 @@ class _Emitter:
                             for c in range(tiles)]
             return updated
         zero = ir.Constant(self.vector, None)
-        sums = cg._loop(0, a.d_extent, 1, [zero] * (rows * tiles), dot)
+        sums = cg.loop(0, a.d_extent, 1, [zero] * (rows * tiles), dot)
         maxima, totals = carried[:rows], carried[rows:]
         new_max, new_total, scales = [], [], []
         for r in range(rows):
@@ -217,18 +218,18 @@ class _Emitter:
     def _score(self, score: L.Expr, dot, row, base) -> ir.Value:
         """`score` for one tile of W keys from `base`, with padded keys at -inf."""
         a, cg = self.a, self.cg
-        from .codegen import Val, _Lane
+        from .codegen import Lane, Val
 
         saved_lane, saved_cache = cg.lane, cg.cache
-        cg.lane, cg.cache = _Lane(a.j.name, self.lanes, base, None), [{}]
-        cg._push()
+        cg.lane, cg.cache = Lane(a.j.name, self.lanes, base, None), [{}]
+        cg.push_scope()
         cg.env[-1][a.i.name] = _val(row)
         cg.env[-1][a.s.name] = Val(dot, True)
         cg.varying_names.add(a.s.name)
         try:
-            value = cg._as_vector(cg.expr(score))
+            value = cg.as_vector(cg.expr(score))
         finally:
-            cg._pop()
+            cg.pop_scope()
             cg.lane, cg.cache = saved_lane, saved_cache
         if self.tk_padded > a.tk:
             keys = self.b.add(self._splat_int(base), ir.Constant(
@@ -238,7 +239,7 @@ class _Emitter:
         return value
 
     def _splat_int(self, value) -> ir.Value:
-        return self.cg._splat(value, self.lanes)
+        return self.cg.splat(value, self.lanes)
 
     def _accumulate(self, j0, scales) -> None:
         """acc[r] = scale[r] acc[r] + P[r] @ v[j0 : j0 + BK], COLUMN_TILES column tiles at a
@@ -266,7 +267,7 @@ class _Emitter:
                     updated += [self._fma(weight, value, accs[r * len(tiles) + n])
                                 for n, value in enumerate(values)]
                 return updated
-            finished = cg._loop(0, a.block_keys, 1, start, key)
+            finished = cg.loop(0, a.block_keys, 1, start, key)
             for slot, value in zip(slots, finished, strict=True):
                 self._store_vector(value, slot)
 
@@ -293,8 +294,6 @@ class _Emitter:
 
 
 def _val(value):
-    from .codegen import Val
-
     return Val(value, False)
 
 

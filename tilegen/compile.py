@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run @main with deterministic placeholder values and print each "
                              "result's shape and checksum")
     parser.add_argument("--seed", type=int, default=0, help="seed for --run placeholder values")
+    parser.add_argument("--target", default=None,
+                        help="generate code for this CPU: host (default, or TILEGEN_TARGET), "
+                             "x86-64-v3, skylake-avx512, aarch64-linux-gnu; running needs one "
+                             "this machine can execute")
     parser.add_argument("--version", action="version",
                         version=f"tilegen {__version__} (Kina frontend)")
     return parser
@@ -72,7 +76,7 @@ def _compile(args: argparse.Namespace) -> int:
     from kina_frontend import load_source, resolve_path
     from kina_frontend.report import derived_names, shown_type
 
-    from . import stages
+    from . import config, stages
 
     started = time.perf_counter()
     path = resolve_path(args.file)
@@ -80,7 +84,7 @@ def _compile(args: argparse.Namespace) -> int:
     if args.header and not args.output:
         raise KinaError("io", "--header needs -o (the library the header describes)", None)
     names = (args.function,) if args.function else None
-    ctx = stages.context(source, names)
+    ctx = stages.context(source, names, options=config.load(args.target))
     wanted = set(args.emit)
     if "obj" in wanted and not args.output and sys.stdout.isatty():
         raise KinaError("io", "--emit obj writes object code: give -o FILE (or redirect "
@@ -103,7 +107,7 @@ def _compile(args: argparse.Namespace) -> int:
         if stage.name in args.emit:
             _print_stage(stage, stage.show(result, ctx), args)
     if (args.output and "obj" not in args.emit) or args.run:
-        from .driver import run_backend_stages
+        from .cli_actions import run_backend_stages
 
         plans = list(artifacts["loops"])
         return run_backend_stages(plans, artifacts.get("tensor"), source, args, started)
@@ -119,7 +123,7 @@ def _compile(args: argparse.Namespace) -> int:
             results = ", ".join(shown_type(v.type, derived) for v in function.results)
             print(f"  {'@main ' if function.is_main else ''}{function.name}({params}) "
                   f"-> ({results})")
-        _compile_natively(program, source)
+        _compile_natively(program, source, args.target)
     elif not args.emit:
         print(f"{source.name}: {len(artifact)} kernel(s) of loop IR, verified; --emit, -o or "
               f"--run to compile them")
@@ -139,24 +143,25 @@ def _print_stage(stage, shown: str | bytes, args: argparse.Namespace) -> None:
         sys.stdout.buffer.write(shown)
 
 
-def _compile_natively(program, source) -> None:
+def _compile_natively(program, source, target: str | None = None) -> None:
     """The default action: lower, schedule and JIT-compile every function, and say so
     (through the disk cache when TILEGEN_CACHE_DIR is set, as compile_file does)."""
     from . import config
     from .api import planned
     from .loopir import Gemm
     from .runtime import jit_module, program_of
-    from .target import host_cpu
 
     started = time.perf_counter()  # after the backend's imports, which are not compiling
-    settings = config.load()
+    settings = config.load(target)
+    settings.target.check_runs_on_host("JIT compile (the default action; --emit asm "
+                                       "shows the code)")
     plans, disk, key = planned(source.name, source.text, lambda: program, settings, True)
     planned_at = time.perf_counter()
     program_of(jit_module(plans, settings.profile, disk, key)).functions  # noqa: B018
     compiled = time.perf_counter()
     cached = f", disk cache {settings.cache_dir}" if disk is not None else ""
     print(f"lowered to {len(plans)} loop-nest kernel(s) ({(planned_at - started) * 1e3:.1f} "
-          f"ms), JIT-compiled for {host_cpu()[0]} ({(compiled - planned_at) * 1e3:.1f} ms"
+          f"ms), JIT-compiled for {settings.target.cpu} ({(compiled - planned_at) * 1e3:.1f} ms"
           f"{cached})")
     for plan in plans:
         kernel = plan.kernel

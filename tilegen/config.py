@@ -12,6 +12,9 @@ TILEGEN_BF16_DOT     products of BF16 operands on `vdpbf16ps`: 1 wherever the CP
                      or `auto`: where it is faster than the f32 kernel (tilegen/gemm_bf16.py)
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
+TILEGEN_TARGET       the CPU to generate code for: host (default), x86-64-v3,
+                     skylake-avx512 or aarch64-linux-gnu (tilegen/target.py); JIT needs
+                     one this machine can run
 TILEGEN_GOMP_SPINCOUNT  how long libgomp's idle workers spin before they sleep, given to
                      libgomp as GOMP_SPINCOUNT when tilegen loads it (default 10000; see
                      tilegen/runtime.py). Ignored when GOMP_SPINCOUNT or OMP_WAIT_POLICY is
@@ -36,6 +39,8 @@ from dataclasses import dataclass, field
 
 from kina_frontend.transforms import MAX_INLINED_OPS
 
+from .target import Target, host_target, named_target
+
 MEMORY_CACHE_ENTRIES = 32
 # libgomp's default is 300 000 spins (milliseconds of a core after each parallel region).
 GOMP_SPINCOUNT = 10_000
@@ -48,6 +53,7 @@ class Config:
     profile: bool
     autotune: bool
     stack_bytes: int = 1 << 20
+    target: Target = field(default_factory=host_target)
     fused_attention: str = "auto"
     bf16_dot: bool | None = None  # None: auto
     # Not part of what a compile produces, so kept out of repr (the cache key).
@@ -89,9 +95,10 @@ def _tristate(name: str) -> bool | None:
     return _flag(name, True)
 
 
-def load() -> Config:
+def load(target: str | None = None) -> Config:
     """The configuration from the current environment (read at each compile, so tests and
-    users can change it between compiles)."""
+    users can change it between compiles); `target` names a target that overrides
+    TILEGEN_TARGET (the CLI's --target, compile_file's target=)."""
     from .frame import stack_budget
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
@@ -102,6 +109,8 @@ def load() -> Config:
                   autotune=_flag("TILEGEN_AUTOTUNE", False),
                   stack_bytes=stack_budget(),
                   bf16_dot=_tristate("TILEGEN_BF16_DOT"),
+                  target=named_target(target or os.environ.get("TILEGEN_TARGET", "").strip()
+                                      or "host"),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
                   max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),

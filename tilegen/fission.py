@@ -20,21 +20,21 @@ import math
 from dataclasses import replace
 
 from . import loopir as L
+from .target import Target
 
 # Split only when no loop or reduction inside the row pass runs longer than this, and the
-# buffers the pass reads and writes fit in this CPU's 1 MB L2 (each step re-reads them).
+# buffers the pass reads and writes fit in half the target's L2 (each step re-reads them).
 MAX_ROW_EXTENT = 128
-MAX_TOUCHED_BYTES = 1 << 20
 # With fewer rows there is little to overlap, and each split step costs compile time.
 MIN_ROWS = 16
 
 
-def fission_pass(kernel: L.Kernel) -> L.Kernel:
+def fission_pass(kernel: L.Kernel, target: Target) -> L.Kernel:
     taken = {b.name for b in kernel.buffers} | _all_var_names(kernel.body)
     temps: list[L.Buffer] = []
     body: list[L.Stmt] = []
     for stmt in kernel.body:
-        for nest in _split_nest(stmt, kernel, temps, taken):
+        for nest in _split_nest(stmt, kernel, temps, taken, target.l2_bytes // 2):
             merged = _with_row_reduction(body[-1], nest, kernel) if body else None
             if merged is not None:
                 body[-1] = merged
@@ -100,12 +100,14 @@ def _with_row_reduction(producer: L.Stmt, consumer: L.Stmt,
 
 
 def _split_nest(stmt: L.Stmt, kernel: L.Kernel, temps: list[L.Buffer],
-                taken: set[str]) -> list[L.Stmt]:
+                taken: set[str], budget: int) -> list[L.Stmt]:
+    """`stmt` split into one row nest per step, when the buffers it touches take at most
+    `budget` bytes (and splitting pays and is legal); else [stmt]."""
     loops = L.perfect_nest(stmt)
     if not loops or len(loops[-1].body) < 2:
         return [stmt]
     steps = _steps(loops[-1].body)
-    if len(steps) < 2 or not _pays(loops, kernel) or not _legal(loops, kernel):
+    if len(steps) < 2 or not _pays(loops, kernel, budget) or not _legal(loops, kernel):
         return [stmt]
     row_index = tuple(loop.var for loop in loops)
     row_shape = tuple(loop.extent for loop in loops)
@@ -143,7 +145,7 @@ def _steps(body: tuple[L.Stmt, ...]) -> list[list[L.Stmt]]:
     return steps
 
 
-def _pays(loops: list[L.For], kernel: L.Kernel) -> bool:
+def _pays(loops: list[L.For], kernel: L.Kernel, budget: int) -> bool:
     if math.prod(loop.extent for loop in loops) < MIN_ROWS:
         return False
     body = loops[-1].body
@@ -162,7 +164,7 @@ def _pays(loops: list[L.For], kernel: L.Kernel) -> bool:
         if not isinstance(stmt, L.For):
             touched |= {load.buffer for load in _loads(stmt.value)}
     total = sum(kernel.buffer(name).nbytes for name in touched)
-    return total <= MAX_TOUCHED_BYTES
+    return total <= budget
 
 
 def _legal(loops: list[L.For], kernel: L.Kernel) -> bool:

@@ -14,7 +14,8 @@ reshaped operands are packed straight from their source buffers, and elementwise
 producers are computed while packing. Rows are split across threads; each thread packs
 into its own buffers. The micro-kernel's k loop keeps mr x (nr / lanes) vector
 accumulators as loop-carried values, which LLVM allocates to registers (24 zmm for
-12 x 32 floats) with the A broadcasts folded into the FMAs.
+12 x 32 floats) with the A broadcasts folded into the FMAs. Vector widths, the register
+block and the depth block come from the `Target`.
 """
 
 from __future__ import annotations
@@ -24,25 +25,49 @@ import math
 from llvmlite import ir
 
 from . import loopir as L
+from .codegen_values import SCALAR_LLVM, Lane, Val
 from .schedule import strided_load
+from .target import Target
 
 I1 = ir.IntType(1)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
-LANES = {L.F32: 16, L.F64: 8}
-ELEMENT = {L.F32: ir.FloatType(), L.F64: ir.DoubleType()}
-BYTES = {L.F32: 4, L.F64: 8}
+# Products of at least this many multiply-adds become a packed gemm (lower.gemm_pays);
+# from GEMM_PARALLEL_WORK flops on they (and fused attention) run on every thread.
+GEMM_MIN_WORK = 1 << 16
+GEMM_PARALLEL_WORK = 1 << 21
+# The register block leaves a quarter of the vector registers for the B row and the A
+# broadcasts, and takes at most this many rows.
+MAX_MR = 14
+# Depth blocks are a power of two up to this: past it the A block outgrows L2.
+MAX_KC = 512
 
 
-def default_tiles(dtype: str, m: int, n: int, k: int) -> L.GemmTiles:
+def supports(dtype: str) -> bool:
+    """Whether the packed gemm handles `dtype` (the float types computed in their own
+    type)."""
+    return dtype in L.FLOAT_TYPES
+
+
+def default_tiles(dtype: str, m: int, n: int, k: int, target: Target) -> L.GemmTiles:
     """The deterministic default tiling (autotuning may pick another candidate)."""
-    lanes = LANES[dtype]
+    lanes = target.lanes(dtype)
     nr = 2 * lanes if n > lanes else lanes
-    mr = 12 if nr == 2 * lanes else 14
-    kc = min(256, k)
+    mr = min(MAX_MR, target.vector_registers * 3 // 4 // (nr // lanes))
+    kc = min(depth_block(target), k)
     mc = max(mr, min(96 // mr * mr, -(-m // mr) * mr))  # whole register blocks
     nc = column_block(n, nr)
     return L.GemmTiles(mr, nr, kc, mc, nc)
+
+
+def depth_block(target: Target) -> int:
+    """The depth block kc: the largest power of two (at most MAX_KC) whose B micro-panel
+    of two vectors per depth takes at most 3/4 of L1 (256 for 48 KB and 64-byte vectors)."""
+    per_depth = 2 * target.vector_bits // 8
+    kc = 1
+    while 2 * kc <= min(MAX_KC, target.l1d_bytes * 3 // 4 // per_depth):
+        kc *= 2
+    return kc
 
 
 def column_block(n: int, nr: int, limit: int = 2048) -> int:
@@ -67,7 +92,7 @@ def emit_gemm(cg, gemm: L.Gemm) -> None:
         def body(index, carried):
             run_batch(position + 1, batch_values + [index])
             return carried
-        cg._loop(0, extents[position], 1, [], body)
+        cg.loop(0, extents[position], 1, [], body)
 
     run_batch(0, [])
 
@@ -88,7 +113,7 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
             base = b.mul(flat, units)
             start = _smax(b, b.sub(lo, base), ir.Constant(I64, 0))
             stop = _smin(b, b.sub(hi, base), units)
-            child._push()
+            child.push_scope()
             remainder = flat
             for var, extent in reversed(list(zip(gemm.batch, gemm.batch_extents,
                                                  strict=True))):
@@ -97,9 +122,9 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
                 remainder = b.sdiv(remainder, extent_value)
             _emitter(child, gemm).rows(b.mul(start, ir.Constant(I64, mr)),
                                            _row_end(child, stop, mr, gemm.m))
-            child._pop()
+            child.pop_scope()
             return carried
-        child._loop(first, last, 1, [], entry)
+        child.loop(first, last, 1, [], entry)
     cg.parallel(batches * row_units, gemm.threads, body)
 
 
@@ -119,7 +144,7 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
                                        _row_end(child, hi, mr, gemm.m))
 
     # The batch indices reach the threads through the captured environment.
-    cg._push()
+    cg.push_scope()
     for var, value in zip(gemm.batch, batch_values, strict=True):
         cg.env[-1][var.name] = _val(value)
     if gemm.threads > 1 and gemm.n > gemm.m and column_units >= gemm.threads:
@@ -130,20 +155,24 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
         cg.parallel(row_units, gemm.threads, row_body)
     else:
         _emitter(cg, gemm).rows(ir.Constant(I64, 0), ir.Constant(I64, gemm.m))
-    cg._pop()
+    cg.pop_scope()
+
+
+# Emitters of gemms whose packed panels hold another element type, by the Gemm's dtype
+# (tilegen/gemm_bf16.py registers bf16's when it is imported, so gemm imports none of them).
+PACKED_EMITTERS: dict[str, type] = {}
 
 
 def _emitter(cg, gemm: L.Gemm) -> _GemmEmitter:
-    if gemm.dtype == L.BF16_STORAGE:  # bf16 operands on the vdpbf16ps micro-kernel
-        from .gemm_bf16 import Bf16DotEmitter
-
-        return Bf16DotEmitter(cg, gemm)
-    return _GemmEmitter(cg, gemm)
+    if gemm.dtype in L.FLOAT_TYPES:
+        return _GemmEmitter(cg, gemm)
+    emitter = PACKED_EMITTERS.get(gemm.dtype)
+    if emitter is None:
+        raise ValueError(f"no gemm emitter for {gemm.dtype} operands")
+    return emitter(cg, gemm)
 
 
 def _val(value):
-    from .codegen import Val
-
     return Val(value, False)
 
 
@@ -187,12 +216,15 @@ class _GemmEmitter:
         self.cg = cg
         self.g = gemm
         self.b = cg.b
-        self.lanes = LANES[gemm.dtype]
-        self.element = ELEMENT[gemm.dtype]
+        self.lanes = cg.target.lanes(gemm.dtype)
+        if gemm.tiles.nr % self.lanes:
+            raise ValueError(f"gemm tiles nr={gemm.tiles.nr} are not whole vectors of "
+                             f"{self.lanes} lanes ({cg.target.name})")
+        self.element = SCALAR_LLVM[gemm.dtype]
         self.vector = ir.VectorType(self.element, self.lanes)
         # What the packed panels hold (the bf16 emitter packs 16-bit elements).
         self.packed_element = self.element
-        self.packed_bytes = BYTES[gemm.dtype]
+        self.packed_bytes = L.ELEMENT_BYTES[gemm.dtype]
         self.tiles = gemm.tiles
         self.vectors_per_row = gemm.tiles.nr // self.lanes
         # Ap's row stride: kc rounded up to whole vectors, so packing stores full vectors
@@ -220,8 +252,8 @@ class _GemmEmitter:
     def lane_mask(self, first, limit):
         """Lanes first + 0..lanes-1 that are < limit (runtime values)."""
         steps = ir.Constant(ir.VectorType(I64, self.lanes), list(range(self.lanes)))
-        index = self.b.add(self.cg._splat(first, self.lanes), steps)
-        return self.b.icmp_signed("<", index, self.cg._splat(limit, self.lanes))
+        index = self.b.add(self.cg.splat(first, self.lanes), steps)
+        return self.b.icmp_signed("<", index, self.cg.splat(limit, self.lanes))
 
     def scratch(self, count: int):
         """This thread's block for the packed panels, cached between calls in one slot per
@@ -234,14 +266,14 @@ class _GemmEmitter:
         if threads > 1:
             # Two threads landing on one slot would still be safe (the exchange hands the
             # block to one of them); the clamp only keeps the index in range.
-            number = self.b.call(self.cg._declare("omp_get_thread_num", ir.FunctionType(
+            number = self.b.call(self.cg.declare("omp_get_thread_num", ir.FunctionType(
                 ir.IntType(32), [])), [])
             thread = _smin(self.b, self.b.sext(number, I64), self.const(threads - 1))
         slot = self.cg.block_slot(first, thread)
         pointer = self.cg.acquire_block(slot, nbytes)
         failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
         with self.b.if_then(failed, likely=False):
-            self.cg._finish(self.const(-1))
+            self.cg.exit_with(self.const(-1))
         self.cg.cleanups.append(pointer)
         return pointer, slot
 
@@ -275,11 +307,11 @@ class _GemmEmitter:
                     self.micro_tiles(packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                                      col_end)
                     return carried
-                self.cg._loop(row_lo, row_hi, t.mc, [], row_block)
+                self.cg.loop(row_lo, row_hi, t.mc, [], row_block)
                 return carried
-            self.cg._loop(0, g.k_extent, t.kc, [], depth_block)
+            self.cg.loop(0, g.k_extent, t.kc, [], depth_block)
             return carried
-        self.cg._loop(col_lo, col_hi, t.nc, [], column_block)
+        self.cg.loop(col_lo, col_hi, t.nc, [], column_block)
         self.cg.cleanups.remove(block)
         self.cg.release_block(block, slot)
 
@@ -287,16 +319,14 @@ class _GemmEmitter:
 
     def _tile_value(self, expr: L.Expr, lane_var: L.Var, base, mask, bindings) -> ir.Value:
         """`expr` evaluated for lanes lane_var = base + 0..lanes-1 (inactive lanes: 0)."""
-        from .codegen import Val, _Lane
-
         cg = self.cg
         saved = cg.lane
-        cg.lane = _Lane(lane_var.name, self.lanes, base, mask)
-        cg._push()
+        cg.lane = Lane(lane_var.name, self.lanes, base, mask)
+        cg.push_scope()
         for var, value in bindings:
             cg.env[-1][var.name] = Val(value, False)
-        value = cg._as_vector(cg.expr(expr))
-        cg._pop()
+        value = cg.as_vector(cg.expr(expr))
+        cg.pop_scope()
         cg.lane = saved
         return self.b.select(mask, value, ir.Constant(self.vector, None))
 
@@ -327,9 +357,9 @@ class _GemmEmitter:
                                         self.const(part * self.lanes))
                     self.store_packed(value, self.gep(packed, offset))
                 return carried
-            self.cg._loop(self.const(0), kc, 1, [], depth)
+            self.cg.loop(self.const(0), kc, 1, [], depth)
             return carried
-        self.cg._loop(self.const(0), nc, nr, [], panel)
+        self.cg.loop(self.const(0), nc, nr, [], panel)
 
     def _transposed_block(self, expr, lane_var, lane_base, lane_mask, fixed_var, fixed_at):
         """`lanes` x `lanes` elements of `expr`: vector v loaded along `lane_var` (from
@@ -338,7 +368,7 @@ class _GemmEmitter:
         b, vectors = self.b, []
         for v in range(self.lanes):
             value, inside = fixed_at(v)
-            mask = b.and_(lane_mask, self.cg._splat(inside, self.lanes))
+            mask = b.and_(lane_mask, self.cg.splat(inside, self.lanes))
             vectors.append(self._tile_value(expr, lane_var, lane_base, mask,
                                             [(fixed_var, value)]))
         return _transpose(b, vectors)
@@ -373,12 +403,12 @@ class _GemmEmitter:
                     self.const(part * lanes)), k, kc, partial)
 
         def panel(jr, carried):
-            self.cg._loop(self.const(0), whole, lanes, [],
+            self.cg.loop(self.const(0), whole, lanes, [],
                           lambda k, carried: chunk(jr, k, False) or carried)
             with b.if_then(b.icmp_signed("<", whole, kc)):
                 chunk(jr, whole, True)
             return carried
-        self.cg._loop(self.const(0), nc, nr, [], panel)
+        self.cg.loop(self.const(0), nc, nr, [], panel)
 
     def pack_a(self, packed, ic, mc, pc, kc) -> None:
         """Ap[r * stride + k] = A[ic + r, pc + k] for r < mc, k < kc (rows copied)."""
@@ -395,9 +425,9 @@ class _GemmEmitter:
                 offset = self.b.add(self.b.mul(r, self.const(stride)), k)
                 self.store_packed(value, self.gep(packed, offset))
                 return carried
-            self.cg._loop(self.const(0), kc, self.lanes, [], depth)
+            self.cg.loop(self.const(0), kc, self.lanes, [], depth)
             return carried
-        self.cg._loop(self.const(0), mc, 1, [], row)
+        self.cg.loop(self.const(0), mc, 1, [], row)
 
     def pack_a_transposed(self, packed, ic, mc, pc, kc) -> None:
         """pack_a for an A read along i: `lanes` depths x `lanes` rows at a time, each depth
@@ -418,9 +448,9 @@ class _GemmEmitter:
                 self._store_rows(packed, rows, lambda row: b.add(
                     b.mul(b.add(r, self.const(row)), self.const(stride)), k), r, mc, partial)
                 return carried
-            self.cg._loop(self.const(0), kc, lanes, [], depth)
+            self.cg.loop(self.const(0), kc, lanes, [], depth)
 
-        self.cg._loop(self.const(0), whole, lanes, [],
+        self.cg.loop(self.const(0), whole, lanes, [],
                       lambda r, carried: chunk(r, False) or carried)
         with b.if_then(b.icmp_signed("<", whole, mc)):
             chunk(whole, True)
@@ -429,7 +459,7 @@ class _GemmEmitter:
 
     def micro_kernel(self) -> ir.Function:
         return micro_kernel_function(self.cg.module, self.g.dtype, self.tiles.mr,
-                                     self.tiles.nr, self.a_stride)
+                                     self.tiles.nr, self.a_stride, self.lanes)
 
     def micro_steps(self, kc):
         """The micro-kernel's k-loop trip count for a depth block of kc."""
@@ -461,23 +491,24 @@ class _GemmEmitter:
                                 self.const(g.n),
                                 b.sub(row_hi, row0), columns, first])
                 return carried
-            self.cg._loop(self.const(0), mc, t.mr, [], block)
+            self.cg.loop(self.const(0), mc, t.mr, [], block)
             return carried
-        self.cg._loop(self.const(0), nc, t.nr, [], panel)
+        self.cg.loop(self.const(0), nc, t.nr, [], panel)
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
-                          a_stride: int) -> ir.Function:
+                          a_stride: int, lanes: int) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 kc, ptr c, i64 ldc, i64 rows, i64 cols, i1 first)`:
     C[r, j] (+)= sum over k < kc of Ap[r * a_stride + k] * Bp[k * nr + j], for r < rows
     (at most mr) and j < cols (at most nr); `first` overwrites instead of accumulating.
+    B rows are `nr // lanes` vectors of `lanes` elements (the target's vector).
     One definition per register block in a module, shared by every gemm (small IR, fast
     compiles); its k loop keeps the mr x nr/lanes accumulators in registers."""
     name = f"tilegen.gemm.{dtype}.{mr}x{nr}.s{a_stride}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
-    lanes, element = LANES[dtype], ELEMENT[dtype]
+    element = SCALAR_LLVM[dtype]
     vector = ir.VectorType(element, lanes)
     parts = nr // lanes
     suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
@@ -486,7 +517,7 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
     def step(b, a, bp, k, accumulators):
         b_row = element_pointer(b, bp, b.mul(k, ir.Constant(I64, nr)), element)
         columns = [b.load(element_pointer(b, b_row, ir.Constant(I64, part * lanes), element),
-                          typ=vector, align=BYTES[dtype]) for part in range(parts)]
+                          typ=vector, align=L.ELEMENT_BYTES[dtype]) for part in range(parts)]
         updated = []
         for r in range(mr):
             scalar = b.load(element_pointer(b, a, b.add(k, ir.Constant(I64, r * a_stride)),
@@ -496,7 +527,7 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
                 updated.append(b.call(fma, [broadcast, columns[part],
                                             accumulators[r * parts + part]]))
         return updated
-    return micro_kernel_shell(module, name, dtype, mr, parts, step)
+    return micro_kernel_shell(module, name, dtype, mr, parts, lanes, step)
 
 
 def element_pointer(b: ir.IRBuilder, base, offset, element: ir.Type):
@@ -519,12 +550,12 @@ def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
 
 
 def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts: int,
-                       step) -> ir.Function:
+                       lanes: int, step) -> ir.Function:
     """The micro-kernel around `step(builder, a, b, k, accumulators) -> updated`, one step
     of its k loop over the mr x parts accumulator vectors of `dtype`: the function
     (signature as in micro_kernel_function, kc counting steps), the loop with the
     accumulators carried as phis, and the masked store of the block into C."""
-    lanes, element = LANES[dtype], ELEMENT[dtype]
+    element = SCALAR_LLVM[dtype]
     vector = ir.VectorType(element, lanes)
     i32 = ir.IntType(32)
     fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1])
@@ -580,7 +611,7 @@ def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts:
     steps = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
     masks = [b.icmp_signed("<", b.add(splat(b, const(part * lanes), lanes), steps),
                            splat(b, cols, lanes)) for part in range(parts)]
-    align = ir.Constant(i32, BYTES[dtype])
+    align = ir.Constant(i32, L.ELEMENT_BYTES[dtype])
     for r in range(mr):
         with b.if_then(b.icmp_signed("<", const(r), rows)):
             row = element_pointer(b, c, b.mul(const(r), ldc), element)

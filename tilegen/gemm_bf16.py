@@ -31,6 +31,7 @@ from . import loopir as L
 from .config import Config
 from .gemm import (
     I64,
+    PACKED_EMITTERS,
     _GemmEmitter,
     declare_intrinsic,
     default_tiles,
@@ -65,15 +66,13 @@ F32_VECTOR = ir.VectorType(ir.FloatType(), LANES)
 
 def dot_available(options: Config, features: str | None = None) -> bool:
     """Whether bf16 products use `vdpbf16ps`, for a target CPU with `features` (today the
-    host's feature string). Never without AVX512-BF16; with it, as TILEGEN_BF16_DOT says,
+    compile's target, options.target). Never without AVX512-BF16; with it, as TILEGEN_BF16_DOT says,
     and by default only on CPUs without AMX-BF16: the Intel server cores that have AMX
     issue `vdpbf16ps` at half the FMA rate (measured on this project's Xeon: 0.5 per cycle
     against 2 FMAs, so the dot kernel ran 1024^3 at 111 GF/s on one core, the f32 kernel
     at 165), while AMD Zen 4 and 5 issue it at the FMA rate, twice the products."""
     if features is None:
-        from .target import host_cpu
-
-        features = host_cpu()[1]
+        features = options.target.features
     enabled = set(features.split(","))
     if DOT_FEATURE not in enabled or options.bf16_dot is False:
         return False
@@ -86,10 +85,10 @@ def gemm_dtype(options: Config) -> str:
     return L.BF16_STORAGE if dot_available(options) else L.F32
 
 
-def bf16_tiles(m: int, n: int, k: int) -> L.GemmTiles:
+def bf16_tiles(m: int, n: int, k: int, target) -> L.GemmTiles:
     """The f32 register and cache blocks, with twice the depth per block: 16-bit panels of
     kc = 512 take the bytes f32 panels of 256 do."""
-    tiles = default_tiles(L.F32, m, n, k)
+    tiles = default_tiles(L.F32, m, n, k, target)
     return replace(tiles, kc=min(512, k))
 
 
@@ -147,16 +146,16 @@ class Bf16DotEmitter(_GemmEmitter):
                     first = b.add(b.add(jc, jr), self.const(part * LANES))
                     mask = self.lane_mask(first, self.const(g.n))
                     even = self._tile_value(g.b_elem, g.j, first, mask, [(g.k, k0)])
-                    odd_mask = b.and_(mask, self.cg._splat(inside, LANES))
+                    odd_mask = b.and_(mask, self.cg.splat(inside, LANES))
                     odd = self._tile_value(g.b_elem, g.j, first, odd_mask, [(g.k, k1)])
                     pairs = self.interleave(even, odd)
                     offset = b.add(b.add(b.mul(jr, depth), b.mul(p, self.const(2 * nr))),
                                    self.const(part * 2 * LANES))
                     b.store(pairs, self.gep(packed, offset), align=2)
                 return carried
-            self.cg._loop(self.const(0), b.ashr(depth, self.const(1)), 1, [], pair)
+            self.cg.loop(self.const(0), b.ashr(depth, self.const(1)), 1, [], pair)
             return carried
-        self.cg._loop(self.const(0), nc, nr, [], panel)
+        self.cg.loop(self.const(0), nc, nr, [], panel)
 
     def interleave(self, even, odd):
         """Two f32 vectors of bf16 values as one vector of 16 (even, odd) bf16 pairs."""
@@ -196,12 +195,12 @@ class Bf16DotEmitter(_GemmEmitter):
                         b.store(value, pointer, align=2)
 
         def panel(jr, carried):
-            self.cg._loop(self.const(0), whole, LANES, [],
+            self.cg.loop(self.const(0), whole, LANES, [],
                           lambda k, carried: chunk(jr, k, False) or carried)
             with b.if_then(b.icmp_signed("<", whole, kc)):
                 chunk(jr, whole, True)
             return carried
-        self.cg._loop(self.const(0), nc, nr, [], panel)
+        self.cg.loop(self.const(0), nc, nr, [], panel)
 
     def micro_kernel(self) -> ir.Function:
         return dot_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr, self.a_stride)
@@ -240,4 +239,7 @@ def dot_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
                 updated.append(b.call(dot, [accumulators[r * parts + part], broadcast,
                                             columns[part]]))
         return updated
-    return micro_kernel_shell(module, name, L.F32, mr, parts, step)
+    return micro_kernel_shell(module, name, L.F32, mr, parts, LANES, step)
+
+
+PACKED_EMITTERS[L.BF16_STORAGE] = Bf16DotEmitter

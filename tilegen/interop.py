@@ -27,9 +27,11 @@ def _type_name(obj) -> str:
         kind.__qualname__
 
 
-def _argument_error(message: str) -> Exception:
-    from .runtime import ArgumentError  # runtime imports this module
+class ArgumentError(TypeError):
+    """A call's arguments do not match the Kina signature."""
 
+
+def _argument_error(message: str) -> Exception:
     return ArgumentError(message)
 
 

@@ -18,11 +18,11 @@ import tempfile
 
 from kina_frontend.diagnostics import KinaError
 
-from . import __version__, forksafe
+from . import forksafe
 from .cabi import check_c_names, glue_source, header
-from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
+from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .parallel import THREADS_SUFFIX
-from .pipeline import KernelPlan, codegen, object_code, to_llvm
+from .pipeline import KernelPlan, codegen, object_code, plans_target, to_llvm
 from .runtime import (
     CompiledModule,
     NativeCode,
@@ -33,7 +33,8 @@ from .runtime import (
 )
 from .signature import Signature
 from .symbols import METADATA, RUNTIME_TABLE, function_symbol, kernel_symbol
-from .target import host_cpu, triple
+from .target import host_target
+from .version import __version__
 
 FORMAT = "tilegen-library-v1"
 KINDS = {".so": "shared", ".o": "object", ".a": "static"}
@@ -54,9 +55,9 @@ def exported(plans: list[KernelPlan]) -> list[Signature]:
 
 
 def metadata(plans: list[KernelPlan]) -> dict:
-    cpu, features = host_cpu()
-    return {"format": FORMAT, "tilegen": __version__, "triple": triple(), "cpu": cpu,
-            "features": features,
+    target = plans_target(plans)
+    return {"format": FORMAT, "tilegen": __version__, "triple": target.triple,
+            "cpu": target.cpu, "features": target.features,
             "functions": [Signature.of_plan(plan).to_json() for plan in plans]}
 
 
@@ -71,7 +72,13 @@ def write_library(plans: list[KernelPlan], path: str, header_path: str | None = 
     check_c_names(signatures, {plan.function.name: plan.function.span for plan in plans})
     header_name = os.path.basename(header_path) if header_path else "kina.h"
     header_text = header(signatures, header_name, os.path.basename(path), source)
-    parsed = to_llvm(codegen(plans, profile=profile), pic=True)
+    target = plans_target(plans)
+    if target.arch != host_target().arch and not os.environ.get("CC"):
+        raise KinaError("unsupported", f"cannot build {path} for target '{target.name}' "
+                        f"({target.arch}) with this machine's C compiler "
+                        f"({host_target().arch}): set CC to a cross compiler for "
+                        f"{target.triple}", None)
+    parsed = to_llvm(codegen(plans, profile=profile), target, pic=True)
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KinaError("io", f"no C compiler found to build {path} (set CC or install gcc)",
@@ -79,7 +86,7 @@ def write_library(plans: list[KernelPlan], path: str, header_path: str | None = 
     with tempfile.TemporaryDirectory(prefix="tilegen-") as work:
         kernels = os.path.join(work, "kernels.o")
         with open(kernels, "wb") as handle:
-            handle.write(object_code(parsed))
+            handle.write(object_code(parsed, target))
         glue_c, glue = os.path.join(work, "cabi.c"), os.path.join(work, "cabi.o")
         with open(glue_c, "w", encoding="utf-8") as handle:
             handle.write(glue_source(signatures, header_text, metadata(plans)))
@@ -162,6 +169,7 @@ def _library_program(path: str, signatures: list[Signature], plans: list[KernelP
 def aot_module(plans: list[KernelPlan], profile: bool = False,
                keep_path: str | None = None) -> CompiledModule:
     """Build a .so, load it, and (unless `keep_path` is given) remove the file again."""
+    plans_target(plans).check_runs_on_host("load the library into this process")
     signatures = [Signature.of_plan(plan) for plan in plans]
     if keep_path is not None:
         write_library(plans, keep_path, profile=profile)
@@ -195,7 +203,7 @@ def load_library(path: str | os.PathLike) -> CompiledModule:
 
 def _check_cpu(path: str, data: dict) -> None:
     """Code for CPU features this machine lacks would die of SIGILL: refuse to load it."""
-    have = {f[1:] for f in host_cpu()[1].split(",") if f.startswith("+")}
+    have = {f[1:] for f in host_target().features.split(",") if f.startswith("+")}
     needed = {f[1:] for f in data["features"].split(",") if f.startswith("+")}
     missing = sorted(needed - have)
     if missing:

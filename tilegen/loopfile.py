@@ -21,9 +21,9 @@ from kina_frontend.types import DType, TensorType
 
 from . import config
 from . import loopir as L
-from .driver import format_seconds, placeholder_value
 from .loopir_parse import parse_kernels
 from .pipeline import KernelPlan
+from .run_inputs import format_seconds, placeholder_value
 
 SUFFIX = ".loops"
 
@@ -45,7 +45,8 @@ def kernel_plan(kernel: L.Kernel, options: config.Config) -> LoopPlan:
     buffers = {b.name: b for b in kernel.buffers}
     params = tuple(Value(name, _tensor_type(buffers[name])) for name in kernel.inputs)
     results = tuple(Value(name, _tensor_type(buffers[name])) for name in kernel.outputs)
-    return LoopPlan(Function(kernel.name, params, (), results), kernel, options.stack_bytes)
+    return LoopPlan(Function(kernel.name, params, (), results), kernel, options.target,
+                    options.stack_bytes)
 
 
 def plans_from_text(source: Source, names: tuple[str, ...] | None = None,
@@ -67,14 +68,14 @@ def plans_from_text(source: Source, names: tuple[str, ...] | None = None,
 
 
 def compile_loops(source: Source, jit: bool = True, output: str | None = None,
-                  functions=None):
+                  functions=None, target: str | None = None):
     """A module of the file's kernels (see `tilegen.compile_file`, which calls this for a
     path ending in `.loops`): JIT in memory, or a shared library kept at `output`."""
     from .cache import MEMORY, cache_key
     from .library import aot_module
     from .runtime import jit_module
 
-    settings = config.load()
+    settings = config.load(target)
     names = None if functions is None else tuple(functions)
     key = cache_key(source.name, f"{source.text}\0{names}\0loops", settings, jit)
     if output is None and settings.memory_cache_entries:

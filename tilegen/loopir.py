@@ -398,9 +398,10 @@ class Kernel:
 
 
 @dataclass(frozen=True)
-class RowKernel:
-    """What a lowering rule returns when its result must be written by its own statements
-    (softmax's row pass): `emit(ctx, buffer_name)` gives them."""
+class BufferWriter:
+    """What a lowering rule returns when its result must be written into a buffer by its own
+    statements rather than read as a view (softmax's row pass, a packed gemm, concat's
+    parts, scatter_add): `emit(ctx, buffer_name)` gives them."""
 
     type: object
     emit: object

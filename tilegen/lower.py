@@ -12,7 +12,6 @@ step is the op's `lower` rule in kina_frontend/ops.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kina_frontend.diagnostics import KinaError
 from kina_frontend.ops import REGISTRY
@@ -24,15 +23,15 @@ from . import gemm as gemm_module
 from . import loopir as L
 from .affine import IndexSimplifier
 from .config import Config
+from .gemm import GEMM_MIN_WORK, GEMM_PARALLEL_WORK
+from .views import View
 
 # A fused chain deeper than this is stored and restarted: expression trees (and the
 # recursion that builds and compiles them) stay bounded for chains of any length.
 MAX_FUSION_DEPTH = 48
 
-# Matrix products with at least this many multiply-adds use the packed micro-kernel
-# (tilegen/gemm.py); smaller ones stay fused `Reduce` expressions.
-GEMM_MIN_WORK = 1 << 16
-GEMM_PARALLEL_WORK = 1 << 21
+# Matrix products with at least gemm.GEMM_MIN_WORK multiply-adds use the packed
+# micro-kernel (tilegen/gemm.py); smaller ones stay fused `Reduce` expressions.
 
 # A view is materialised before a consumer that reads each element more than once when
 # evaluating it costs more than this (see loopir.expr_cost): a few loads and arithmetic
@@ -45,21 +44,19 @@ def scalar_type(dtype: DType) -> str:
     return L.value_type(dtype.value)
 
 
-@dataclass
-class View:
-    type: TensorType
-    at: Callable[[tuple[L.Expr, ...]], L.Expr]
-    buffer: str | None = None
-    param: str | None = None  # the function parameter this view reads, if it is one
-    depth: int = 0  # how many fused ops deep its element expression is
+# (dtype, batch extents, m, n, k, threads) -> the tiles of that matmul. The driver hands
+# one in (tilegen/tuning.py: autotuning); without one, gemm.default_tiles.
+TileChooser = Callable[[str, tuple[int, ...], int, int, int, int], L.GemmTiles]
 
 
 class LowerContext:
     """What an op's `lower` rule may use; one per function being lowered."""
 
-    def __init__(self, function: Function, options: Config):
+    def __init__(self, function: Function, options: Config,
+                 choose_tiles: TileChooser | None = None):
         self.function = function
         self.options = options
+        self.choose_tiles = choose_tiles
         self.simplifier = IndexSimplifier()
         self.buffers: list[L.Buffer] = []
         self.bf16_buffers: set[str] = set()
@@ -188,7 +185,7 @@ class LowerContext:
         """Whether a @ b is big enough for packed panels to beat the fused `Reduce` form."""
         m, k = a.type.concrete_shape[-2:]
         n = b.type.concrete_shape[-1]
-        packed = a.type.dtype.value in gemm_module.LANES or a.type.dtype is DType.BF16
+        packed = gemm_module.supports(a.type.dtype.value) or a.type.dtype is DType.BF16
         return packed and m * n * k >= GEMM_MIN_WORK and n >= 8 and k >= 8
 
     def gemm(self, out: str, a: View, b: View) -> L.Gemm:
@@ -203,14 +200,11 @@ class LowerContext:
         i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")
         threads = self.options.num_threads if 2 * m * n * k >= GEMM_PARALLEL_WORK else 1
         if dtype == L.BF16_STORAGE:
-            tiles = gemm_bf16.bf16_tiles(m, n, k)
-        elif self.options.autotune:
-            from . import autotune
-
-            tiles = autotune.choose(dtype, batch_extents, m, n, k, threads,
-                                    self.options.cache_dir)
+            tiles = gemm_bf16.bf16_tiles(m, n, k, self.options.target)
+        elif self.choose_tiles is not None:
+            tiles = self.choose_tiles(dtype, batch_extents, m, n, k, threads)
         else:
-            tiles = gemm_module.default_tiles(dtype, m, n, k)
+            tiles = gemm_module.default_tiles(dtype, m, n, k, self.options.target)
         return L.Gemm(out, batch, batch_extents, i, j, kk, m, n, k, a.at(batch + (i, kk)),
                       b.at(batch + (kk, j)), dtype, tiles, threads)
 
@@ -231,9 +225,11 @@ def _reads_by_id(expr: L.Expr) -> bool:
 
 
 def lower_function(function: Function, kernel_name: str | None = None,
-                   options: Config | None = None) -> L.Kernel:
-    """Lower an inlined function (no `call`/`reverse_mode`/`placeholder`) to a kernel."""
-    ctx = LowerContext(function, options or config.load())
+                   options: Config | None = None,
+                   choose_tiles: TileChooser | None = None) -> L.Kernel:
+    """Lower an inlined function (no `call`/`reverse_mode`/`placeholder`) to a kernel;
+    `choose_tiles` picks each matmul's tiles (default: gemm.default_tiles)."""
+    ctx = LowerContext(function, options or config.load(), choose_tiles)
     views: dict[str, View] = {}
     inputs = []
     for param in function.params:
@@ -262,7 +258,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
             output_buffers[position] = buffer
             _write(ctx, produced, buffer)
             produced = ctx.buffer_view(buffer, result.type)
-        elif isinstance(produced, L.RowKernel):
+        elif isinstance(produced, L.BufferWriter):
             buffer = ctx.add_buffer(result.name, result.type, "temp")
             _write(ctx, produced, buffer)
             produced = ctx.buffer_view(buffer, result.type)
@@ -299,14 +295,14 @@ def _rounded_to_bf16(view: View, bf16_buffers: set[str]) -> View:
     return View(view.type, rounded, view.buffer, view.param, view.depth)
 
 
-def _write(ctx: LowerContext, produced: View | L.RowKernel, buffer: L.Buffer) -> None:
-    if isinstance(produced, L.RowKernel) and produced.type.dtype is DType.BF16:
+def _write(ctx: LowerContext, produced: View | L.BufferWriter, buffer: L.Buffer) -> None:
+    if isinstance(produced, L.BufferWriter) and produced.type.dtype is DType.BF16:
         # A row kernel reads back what it stored (softmax's exps): it runs on an f32 row
         # buffer, and only the finished result is rounded to bf16, as the reference does.
         wide = ctx.add_buffer(buffer.name + "_f32", produced.type.with_dtype(DType.F32), "temp")
         ctx.body.extend(produced.emit(ctx, wide.name))
         produced = ctx.buffer_view(wide, produced.type)
-    if isinstance(produced, L.RowKernel):
+    if isinstance(produced, L.BufferWriter):
         ctx.body.extend(produced.emit(ctx, buffer.name))
         return
     ctx.body.extend(ctx.loops(produced.type.concrete_shape,

@@ -479,11 +479,6 @@ def _emit_call(emitter: FunctionEmitter, symbol: str, op: Operation,
 
 # ---- checking with the real mlir-opt ------------------------------------------------------
 
-def find_mlir_opt() -> str | None:
-    """The path of `mlir-opt-19`, or None when it is not installed."""
-    return shutil.which(MLIR_OPT)
-
-
 def run_mlir_tool(tool: str, text: str, *flags: str,
                   timeout: float = 120.0) -> subprocess.CompletedProcess:
     """Pipe `text` through an MLIR tool (`mlir-opt-19`, `mlir-translate-19`) with `flags`."""

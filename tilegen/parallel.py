@@ -22,13 +22,13 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import codegen as C
+from .codegen_values import I32, I64, PTR, Val
 
 # `<symbol>.threads`: pointer to the runtime's [thread cap, ran a parallel region] pair.
 THREADS_SUFFIX = ".threads"
 # A thread's record: status, then the three error slots (site, id, position).
 _RECORD = 4
 
-I32, I64, PTR = C.I32, C.I64, C.PTR
 
 
 def thread_state_global(cg: C.KernelCodegen) -> ir.GlobalVariable:
@@ -62,7 +62,7 @@ def emit_parallel(cg: C.KernelCodegen, extent: int, threads: int, body) -> None:
         b.store(value.value, _slot(b, context, 1 + index))
     for index, name in enumerate(names):
         b.store(cg.pointers[name], _slot(b, context, 1 + len(captured) + index))
-    gomp = cg._declare("GOMP_parallel", ir.FunctionType(
+    gomp = cg.declare("GOMP_parallel", ir.FunctionType(
         ir.VoidType(), [PTR, PTR, I32, I32]))
     b.call(gomp, [child.function, context, _thread_count(cg, threads), ir.Constant(I32, 0)])
     _report_first_failure(cg, records, threads)
@@ -102,7 +102,7 @@ def _report_first_failure(cg: C.KernelCodegen, records: ir.Value, threads: int) 
             value = b.load(_slot(b, records, b.add(record, ir.Constant(I64, 1 + item))),
                            typ=I64)
             b.store(value, _slot(b, cg.err, item))
-        cg._finish(b.load(_slot(b, records, record), typ=I64))
+        cg.exit_with(b.load(_slot(b, records, record), typ=I64))
 
 
 def _alloca(b: ir.IRBuilder, count: int, name: str) -> ir.Value:
@@ -160,13 +160,13 @@ class OutlinedCodegen(C.KernelCodegen):
         context = self.function.args[0]
         b = self.b
         records = b.load(_slot(b, context, 0), typ=PTR)
-        self.env = [{name: C.Val(b.load(_slot(b, context, 1 + i), typ=value.value.type), False)
+        self.env = [{name: Val(b.load(_slot(b, context, 1 + i), typ=value.value.type), False)
                      for i, (name, value) in enumerate(captured)}]
         self.pointers = _CapturedPointers(self, self.function.entry_basic_block, context,
                                           1 + len(captured), parent.pointers)
-        self.thread_count = b.sext(b.call(self._declare(
+        self.thread_count = b.sext(b.call(self.declare(
             "omp_get_num_threads", ir.FunctionType(I32, [])), []), I64)
-        self.thread_number = b.sext(b.call(self._declare(
+        self.thread_number = b.sext(b.call(self.declare(
             "omp_get_thread_num", ir.FunctionType(I32, [])), []), I64)
         # Never past the records allocated for `threads` (the count is at most that).
         number = b.select(b.icmp_signed("<", self.thread_number, ir.Constant(I64, threads)),
@@ -186,7 +186,7 @@ class OutlinedCodegen(C.KernelCodegen):
         b.position_at_end(self.exit_block)
         b.ret_void()
 
-    def _finish(self, status: ir.Value) -> None:
+    def exit_with(self, status: ir.Value) -> None:
         for pointer in self.cleanups:
             self.b.call(self._free(), [pointer])
         self.b.store(status, self.status_slot)

@@ -23,38 +23,50 @@ from kina_frontend.transforms import (
 )
 from kina_frontend.verify import IRVerifyError, verify_function
 
-from . import config
+from . import config, gemm_bf16  # noqa: F401 (registers the bf16 gemm emitter)
 from . import loopir as L
+from .attention_codegen import emit_attention
 from .cabi import build_packed_entry
-from .codegen import KernelCodegen
+from .codegen import Emitters, KernelCodegen
 from .config import Config
 from .fastcall import build_entry, build_keyword_entry
 from .fission import fission_pass
+from .gemm import emit_gemm
 from .loopir_verify import verify_kernel
-from .lower import lower_function
+from .lower import TileChooser, lower_function
+from .parallel import emit_parallel, thread_state_global
 from .rowscale import defer_row_scaling
 from .schedule import parallelize_pass, thread_interchange_pass, vectorize_pass
+from .shared import SharedStatements
 from .symbols import function_symbol, kernel_symbol
-from .target import LLVM_LOCK, optimize, target_machine, triple
+from .target import LLVM_LOCK, Target, optimize, target_machine
 from .vecmath import MathLibrary
 
 # Loop-IR passes, in order; each maps (kernel, options) to a kernel.
 SCHEDULE_PASSES = (
-    ("fission", lambda kernel, options: fission_pass(kernel)),
+    ("fission", lambda kernel, options: fission_pass(kernel, options.target)),
     ("defer-row-scaling", lambda kernel, options: defer_row_scaling(kernel)),
     ("thread-interchange",
-     lambda kernel, options: thread_interchange_pass(kernel, options.num_threads)),
-    ("vectorize", lambda kernel, options: vectorize_pass(kernel)),
+     lambda kernel, options: thread_interchange_pass(kernel, options.num_threads,
+                                                     options.target)),
+    ("vectorize", lambda kernel, options: vectorize_pass(kernel, options.target)),
     ("parallelize", lambda kernel, options: parallelize_pass(kernel, options.num_threads)),
 )
 
 
+# The statements codegen leaves to the modules above it.
+EMITTERS = Emitters(gemm=emit_gemm, parallel=emit_parallel, thread_state=thread_state_global,
+                    shared=SharedStatements, attention=emit_attention)
+
+
 @dataclass(frozen=True)
 class KernelPlan:
-    """One compiled entry point: the prepared tensor function and its scheduled kernel."""
+    """One compiled entry point: the prepared tensor function and its kernel, scheduled
+    for `target`."""
 
     function: Function
     kernel: L.Kernel
+    target: Target
     stack_bytes: int = 1 << 20  # the stack its temporaries may take (tilegen/frame.py)
 
     @property
@@ -109,8 +121,12 @@ def verify_prepared(function: Function) -> None:
                         ("in context:\n" + error.context,) if error.context else ()) from None
 
 
-def lower(function: Function, options: Config) -> L.Kernel:
-    kernel = lower_function(function, options=options)
+def lower(function: Function, options: Config,
+          choose_tiles: TileChooser | None = None) -> L.Kernel:
+    if options.autotune and choose_tiles is None:
+        raise ValueError("autotuning (TILEGEN_AUTOTUNE=1) needs the driver's tile chooser: "
+                         "pass choose_tiles=tilegen.tuning.tile_chooser(options)")
+    kernel = lower_function(function, options=options, choose_tiles=choose_tiles)
     if options.verify:
         verify_kernel(kernel, after="lowered")
     return kernel
@@ -134,9 +150,11 @@ class PlanTable(Mapping[str, KernelPlan]):
     still found at construction, for every function: an inlined size over the limit and
     a `reverseMode` the autodiff transform rejects (its result is cached for later)."""
 
-    def __init__(self, program: Program, names: tuple[str, ...] | None, options: Config):
+    def __init__(self, program: Program, names: tuple[str, ...] | None, options: Config,
+                 choose_tiles: TileChooser | None = None):
         self._program = program
         self._options = options
+        self._choose_tiles = choose_tiles
         selected = [f for f in program.functions if names is None or f.name in names]
         self._names = tuple(f.name for f in selected)
         for function in selected:  # every size diagnostic before any (possibly long) planning
@@ -148,6 +166,10 @@ class PlanTable(Mapping[str, KernelPlan]):
         self._plans: dict[str, KernelPlan] = {}
         self._lock = threading.Lock()
 
+    @property
+    def target(self) -> Target:
+        return self._options.target
+
     def __getitem__(self, name: str) -> KernelPlan:
         plan = self._plans.get(name)
         if plan is not None:
@@ -157,8 +179,10 @@ class PlanTable(Mapping[str, KernelPlan]):
         with self._lock:
             if name not in self._plans:
                 prepared = prepare(self._program, name, self._options)
-                kernel = schedule(lower(prepared, self._options), self._options)
-                self._plans[name] = KernelPlan(prepared, kernel, self._options.stack_bytes)
+                kernel = schedule(lower(prepared, self._options, self._choose_tiles),
+                                  self._options)
+                self._plans[name] = KernelPlan(prepared, kernel, self._options.target,
+                                               self._options.stack_bytes)
             return self._plans[name]
 
     @property
@@ -177,28 +201,41 @@ class PlanTable(Mapping[str, KernelPlan]):
 
 
 def plan_program(program: Program, names: tuple[str, ...] | None = None,
-                 options: Config | None = None) -> list[KernelPlan]:
-    """Every selected function planned now (the CLI, `.so` files and the disk cache)."""
-    return list(PlanTable(program, names, options or config.load()).values())
+                 options: Config | None = None,
+                 choose_tiles: TileChooser | None = None) -> list[KernelPlan]:
+    """Every selected function planned now (the CLI, `.so` files and the disk cache);
+    `choose_tiles`: see `lower.TileChooser`."""
+    return list(PlanTable(program, names, options or config.load(), choose_tiles).values())
+
+
+def plans_target(plans: list[KernelPlan]) -> Target:
+    """The one target a list of plans was scheduled for (a module has one triple)."""
+    targets = {plan.target for plan in plans}
+    if len(targets) != 1:
+        raise ValueError(f"a module is built for one target, not for "
+                         f"{sorted(t.name for t in targets)}")
+    return targets.pop()
 
 
 def codegen(plans: list[KernelPlan], module_name: str = "kina",
             profile: bool = False) -> ir.Module:
+    target = plans_target(plans)
     module = ir.Module(name=module_name)
-    module.triple = triple()
-    math = MathLibrary(module)
+    module.triple = target.triple
+    math = MathLibrary(module, target)
     for plan in plans:
-        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, profile,
-                                  plan.stack_bytes).build()
+        kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, target,
+                                  EMITTERS, profile, plan.stack_bytes).build()
         build_packed_entry(module, kernel_fn, plan.packed_symbol)
         entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
         build_keyword_entry(module, plan.kernel, entry, plan.call_symbol)
     return module
 
 
-def to_llvm(module: ir.Module, pic: bool = False, optimize_module: bool = True) -> llvm.ModuleRef:
-    """Parse, verify and optimise the builder's module for the host target."""
-    machine = target_machine(pic)
+def to_llvm(module: ir.Module, target: Target, pic: bool = False,
+            optimize_module: bool = True) -> llvm.ModuleRef:
+    """Parse, verify and optimise the builder's module for `target`."""
+    machine = target_machine(target, pic)
     with LLVM_LOCK:
         try:
             parsed = llvm.parse_assembly(str(module))
@@ -206,24 +243,24 @@ def to_llvm(module: ir.Module, pic: bool = False, optimize_module: bool = True) 
         except RuntimeError as error:  # a compiler bug, never the user's program
             raise KinaError("lowering", f"internal error: generated LLVM IR is invalid: "
                             f"{error}", None) from None
-        parsed.triple = triple()
+        parsed.triple = target.triple
         parsed.data_layout = str(machine.target_data)
         if optimize_module:
             optimize(parsed, machine)
     return parsed
 
 
-def assembly(parsed: llvm.ModuleRef) -> str:
+def assembly(parsed: llvm.ModuleRef, target: Target) -> str:
     with LLVM_LOCK:
-        return target_machine(False).emit_assembly(parsed)
+        return target_machine(target, False).emit_assembly(parsed)
 
 
-def jit_object_code(parsed: llvm.ModuleRef) -> bytes:
+def jit_object_code(parsed: llvm.ModuleRef, target: Target) -> bytes:
     """Object code for the in-process JIT (non-PIC, as MCJIT would generate it)."""
     with LLVM_LOCK:
-        return target_machine(False).emit_object(parsed)
+        return target_machine(target, False).emit_object(parsed)
 
 
-def object_code(parsed: llvm.ModuleRef) -> bytes:
+def object_code(parsed: llvm.ModuleRef, target: Target) -> bytes:
     with LLVM_LOCK:
-        return target_machine(True).emit_object(parsed)
+        return target_machine(target, True).emit_object(parsed)

@@ -22,24 +22,20 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from . import forksafe
-from .codegen import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
+from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
-from .interop import as_input, as_output
+from .interop import ArgumentError, as_input, as_output
 from .openmp import load_openmp_runtime as _load_openmp_runtime
 from .parallel import THREADS_SUFFIX
-from .pipeline import KernelPlan, codegen, jit_object_code, to_llvm
+from .pipeline import KernelPlan, PlanTable, codegen, jit_object_code, plans_target, to_llvm
 from .signature import Signature
 from .symbols import RUNTIME_TABLE
-from .target import LLVM_LOCK, new_target_machine
+from .target import LLVM_LOCK, Target, new_target_machine
 
 
 class IdOutOfRangeError(IndexError):
     """A gather/one_hot id outside its table reached compiled code (which then stopped
     before reading anything out of bounds)."""
-
-
-class ArgumentError(TypeError):
-    """A call's arguments do not match the Kina signature."""
 
 
 class _ErrorRecord(threading.local):
@@ -403,23 +399,26 @@ def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: 
                disk=None, key: str | None = None) -> CompiledModule:
     """In-process MCJIT, one engine per function, compiled on first use. Nothing touches
     the disk unless a DiskCache is given (TILEGEN_CACHE_DIR), which supplies and keeps
-    each function's object code."""
+    each function's object code. The plans' target must be one this machine runs."""
+    target = plans.target if isinstance(plans, PlanTable) else \
+        plans_target(list(plans.values() if isinstance(plans, Mapping) else plans))
+    target.check_runs_on_host("JIT compile")
     _load_openmp_runtime()
 
     def engine_for(plan: KernelPlan):
         if disk is None:
-            parsed = to_llvm(codegen([plan], profile=profile))
+            parsed = to_llvm(codegen([plan], profile=profile), target)
             with LLVM_LOCK:
                 # The engine owns (and frees) its target machine: a fresh one each time.
-                engine = llvm.create_mcjit_compiler(parsed, new_target_machine(False))
+                engine = llvm.create_mcjit_compiler(parsed, new_target_machine(target))
                 engine.finalize_object()
             return engine
         cached = disk.load_object(key, plan.symbol)  # checksummed: damage reads as a miss
         if cached is not None:
-            return _engine_from_object(cached)
-        data = jit_object_code(to_llvm(codegen([plan], profile=profile)))
+            return _engine_from_object(cached, target)
+        data = jit_object_code(to_llvm(codegen([plan], profile=profile), target), target)
         disk.store_object(key, plan.symbol, data)
-        return _engine_from_object(data)
+        return _engine_from_object(data, target)
 
     shared: dict[str, NativeCode] = {}  # functions computing the same thing share code
     by_name = plans if isinstance(plans, Mapping) else {plan.function.name: plan for plan in plans}
@@ -474,9 +473,10 @@ class _PlannedSignatures(Mapping[str, Signature]):
         return len(self._plans)
 
 
-def _engine_from_object(data: bytes):
+def _engine_from_object(data: bytes, target: Target):
     with LLVM_LOCK:
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine(False))
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
+                                            new_target_machine(target))
         engine.add_object_file(llvm.ObjectFileRef.from_data(data))
         engine.finalize_object()
     return engine

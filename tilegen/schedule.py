@@ -2,9 +2,10 @@
 
 `vectorize_pass`: the innermost loop that stores contiguously along its index (or an outer
 loop below which everything stores and reads contiguously along it) is split into
-`width`-lane tiles (16 x f32 / 8 x f64 on AVX-512) with a masked tail; a reduction
-that is not inside a vector loop and reads contiguously along its own index is run in
-vector tiles with a horizontal combine at the end (the row passes of softmax).
+`width`-lane tiles (the target's vector: 16 x f32 / 8 x f64 on AVX-512) with a masked
+tail; a reduction that is not inside a vector loop and reads contiguously along its own
+index is run in vector tiles with a horizontal combine at the end (the row passes of
+softmax).
 
 `parallelize_pass` splits a large nest's outer loop across threads, only when the dependence
 test (`tilegen/dependence.py`) proves its iterations touch disjoint elements;
@@ -19,19 +20,24 @@ from dataclasses import replace
 from . import loopir as L
 from .affine import to_affine
 from .dependence import gemm_split_is_safe, independent
+from .target import Target
 
-# Loops shorter than this stay scalar: a masked tile would be mostly idle lanes.
+# Loops shorter than this stay scalar (or shorter than one vector of the target): a masked
+# tile would be mostly idle lanes.
 MIN_VECTOR_EXTENT = {L.F32: 8, L.F64: 4, L.I64: 4}
-MAX_WIDTH = {L.F32: 16, L.F64: 8, L.I64: 8}
 MIN_REDUCE_EXTENT = 8
 
 
-def vector_width(dtype: str, extent: int) -> int:
-    """Lanes for a loop of `extent` elements of `dtype`, or 0 to stay scalar."""
-    if dtype == L.BOOL or extent < MIN_VECTOR_EXTENT[dtype]:
+def vector_width(dtype: str, extent: int, target: Target) -> int:
+    """Lanes for a loop of `extent` elements of `dtype`, or 0 to stay scalar: a full vector
+    of `target`, halved while the loop is shorter and a half is still long enough."""
+    if dtype == L.BOOL:
         return 0
-    width = MAX_WIDTH[dtype]
-    while width // 2 >= MIN_VECTOR_EXTENT[dtype] and extent < width:
+    width = target.lanes(dtype)
+    shortest = min(MIN_VECTOR_EXTENT[dtype], width)
+    if extent < shortest:
+        return 0
+    while width // 2 >= shortest and extent < width:
         width //= 2
     return width
 
@@ -62,7 +68,7 @@ def parallelize_pass(kernel: L.Kernel, threads: int) -> L.Kernel:
     return replace(kernel, body=tuple(body))
 
 
-def thread_interchange_pass(kernel: L.Kernel, threads: int) -> L.Kernel:
+def thread_interchange_pass(kernel: L.Kernel, threads: int, target: Target) -> L.Kernel:
     """A large nest whose outer loop carries a dependence gets an inner loop that is
     independent across the whole nest as its outermost loop, when that loop will run in
     vector tiles enough for every thread: scatter_add's `for p { let row = ids[p]; for j {
@@ -77,12 +83,12 @@ def thread_interchange_pass(kernel: L.Kernel, threads: int) -> L.Kernel:
     for stmt in kernel.body:
         if isinstance(stmt, L.For) and stmt.kind == "serial" and \
                 L.work([stmt]) >= PARALLEL_WORK and not independent(stmt, stmt.var.name):
-            stmt = _independent_loop_outside(stmt, strides) or stmt
+            stmt = _independent_loop_outside(stmt, strides, target) or stmt
         body.append(stmt)
     return replace(kernel, body=tuple(body))
 
 
-def _independent_loop_outside(nest: L.For, strides) -> L.For | None:
+def _independent_loop_outside(nest: L.For, strides, target: Target) -> L.For | None:
     """`nest` with the first inner loop that is independent across it moved outermost, or
     None. Only loops reached through bodies of lets and one loop qualify (anything else
     around them would run once per iteration of the moved loop)."""
@@ -94,7 +100,7 @@ def _independent_loop_outside(nest: L.For, strides) -> L.For | None:
         (candidate,) = inner
         if candidate.kind == "serial" and independent(nest, candidate.var.name):
             moved = replace(candidate, body=(_without(nest, candidate),))
-            width = _loop_width(moved, strides)
+            width = _loop_width(moved, strides, target)
             if width and candidate.extent >= 2 * width:
                 return moved
             return None
@@ -114,9 +120,9 @@ def _without(nest: L.For, loop: L.For) -> L.For:
     return replace(nest, body=tuple(body))
 
 
-def vectorize_pass(kernel: L.Kernel) -> L.Kernel:
+def vectorize_pass(kernel: L.Kernel, target: Target) -> L.Kernel:
     strides = {b.name: b.strides for b in kernel.buffers}
-    body = tuple(_schedule_stmt(s, strides, in_vector=False) for s in kernel.body)
+    body = tuple(_schedule_stmt(s, strides, target, in_vector=False) for s in kernel.body)
     return replace(kernel, body=body)
 
 
@@ -131,23 +137,24 @@ def _flat_coefficient(index: tuple[L.Expr, ...], strides: tuple[int, ...], var: 
     return total
 
 
-def _schedule_stmt(stmt: L.Stmt, strides, in_vector: bool) -> L.Stmt:
+def _schedule_stmt(stmt: L.Stmt, strides, target: Target, in_vector: bool) -> L.Stmt:
     if isinstance(stmt, L.For):
-        width = 0 if in_vector else _loop_width(stmt, strides)
-        body = tuple(_schedule_stmt(s, strides, in_vector or width > 0) for s in stmt.body)
+        width = 0 if in_vector else _loop_width(stmt, strides, target)
+        body = tuple(_schedule_stmt(s, strides, target, in_vector or width > 0)
+                     for s in stmt.body)
         if width:
             return replace(stmt, body=body, kind="vector", width=width)
         return replace(stmt, body=body)
     if isinstance(stmt, L.Let):
-        return replace(stmt, value=_schedule_expr(stmt.value, strides, in_vector))
+        return replace(stmt, value=_schedule_expr(stmt.value, strides, target, in_vector))
     if isinstance(stmt, L.Store):
-        return replace(stmt, value=_schedule_expr(stmt.value, strides, in_vector))
+        return replace(stmt, value=_schedule_expr(stmt.value, strides, target, in_vector))
     if isinstance(stmt, (L.Gemm, L.Attention)):
         return stmt
     raise TypeError(stmt)
 
 
-def _loop_width(loop: L.For, strides) -> int:
+def _loop_width(loop: L.For, strides, target: Target) -> int:
     if any(isinstance(s, L.For) for s in loop.body) and not _outer_vectorizable(loop, strides):
         return 0
     stores = [s for s in L.statements(loop.body) if isinstance(s, L.Store)]
@@ -168,7 +175,7 @@ def _loop_width(loop: L.For, strides) -> int:
         value = stmt.value
         if _has_reduce(value) and strided_load(value, loop.var.name, strides):
             return 0
-    return vector_width(dtypes.pop(), loop.extent)
+    return vector_width(dtypes.pop(), loop.extent, target)
 
 
 def _outer_vectorizable(loop: L.For, strides) -> bool:
@@ -203,7 +210,7 @@ def strided_load(expr: L.Expr, var: str, strides) -> bool:
     return any(strided_load(c, var, strides) for c in L.children(expr))
 
 
-def _schedule_expr(expr: L.Expr, strides, in_vector: bool) -> L.Expr:
+def _schedule_expr(expr: L.Expr, strides, target: Target, in_vector: bool) -> L.Expr:
     if isinstance(expr, L.Reduce):
         width = 0
         if not in_vector and expr.op in ("sum", "max", "maxnum") and \
@@ -212,23 +219,23 @@ def _schedule_expr(expr: L.Expr, strides, in_vector: bool) -> L.Expr:
                 and not strided_load(expr.body, expr.var.name, strides):
             # Any strided load would make every step a gather (a nested reduction along
             # the rows' contiguous axis is then the one to vectorise).
-            width = vector_width(expr.dtype, expr.extent)
-        body = _schedule_expr(expr.body, strides, in_vector or width > 0)
+            width = vector_width(expr.dtype, expr.extent, target)
+        body = _schedule_expr(expr.body, strides, target, in_vector or width > 0)
         return replace(expr, body=body, vector_width=width)
     if isinstance(expr, L.Load):
-        return replace(expr, index=tuple(_schedule_expr(i, strides, in_vector)
+        return replace(expr, index=tuple(_schedule_expr(i, strides, target, in_vector)
                                          for i in expr.index))
     if isinstance(expr, L.Binary):
-        return replace(expr, lhs=_schedule_expr(expr.lhs, strides, in_vector),
-                       rhs=_schedule_expr(expr.rhs, strides, in_vector))
+        return replace(expr, lhs=_schedule_expr(expr.lhs, strides, target, in_vector),
+                       rhs=_schedule_expr(expr.rhs, strides, target, in_vector))
     if isinstance(expr, (L.Unary, L.Cast)):
-        return replace(expr, operand=_schedule_expr(expr.operand, strides, in_vector))
+        return replace(expr, operand=_schedule_expr(expr.operand, strides, target, in_vector))
     if isinstance(expr, L.Select):
-        return replace(expr, cond=_schedule_expr(expr.cond, strides, in_vector),
-                       if_true=_schedule_expr(expr.if_true, strides, in_vector),
-                       if_false=_schedule_expr(expr.if_false, strides, in_vector))
+        return replace(expr, cond=_schedule_expr(expr.cond, strides, target, in_vector),
+                       if_true=_schedule_expr(expr.if_true, strides, target, in_vector),
+                       if_false=_schedule_expr(expr.if_false, strides, target, in_vector))
     if isinstance(expr, L.CheckedId):
-        return replace(expr, value=_schedule_expr(expr.value, strides, in_vector))
+        return replace(expr, value=_schedule_expr(expr.value, strides, target, in_vector))
     return expr
 
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen import I64, PTR, KernelCodegen, Val
+from .codegen import KernelCodegen
+from .codegen_values import I64, PTR, Val
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ class SharedStatements:
         status = cg.b.call(function, [cg.pointers[name] for name in form.buffers] + scalars +
                            [cg.err])
         with cg.b.if_then(cg.b.icmp_signed("!=", status, ir.Constant(I64, 0)), likely=False):
-            cg._finish(status)
+            cg.exit_with(status)
         return True
 
 
@@ -180,7 +181,7 @@ class SharedCodegen(KernelCodegen):
         self.err.name = "err"
 
     def finish(self) -> ir.Function:
-        self._finish(ir.Constant(I64, 0))
+        self.exit_with(ir.Constant(I64, 0))
         self.b.position_at_end(self.exit_block)
         status = self.b.phi(I64, name="status")
         for value, block in self.status_incoming:

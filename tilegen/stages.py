@@ -120,9 +120,11 @@ def _show_prepared(functions, ctx: Context) -> str:
 
 def _lowered(functions, ctx: Context):
     from .pipeline import KernelPlan, lower
+    from .tuning import tile_chooser
 
-    return tuple(KernelPlan(f, lower(f, ctx.options), ctx.options.stack_bytes)
-                 for f in functions)
+    choose_tiles = tile_chooser(ctx.options)
+    return tuple(KernelPlan(f, lower(f, ctx.options, choose_tiles), ctx.options.target,
+                            ctx.options.stack_bytes) for f in functions)
 
 
 def _verify_plans(name: str):
@@ -165,31 +167,31 @@ def _llvm(plans, ctx: Context):
 def _show_llvm(module, ctx: Context) -> str:
     from .pipeline import to_llvm
 
-    return str(to_llvm(module, optimize_module=False))
+    return str(to_llvm(module, ctx.options.target, optimize_module=False))
 
 
 def _verify_llvm(module, ctx: Context) -> None:
     from .pipeline import to_llvm
 
-    to_llvm(module, optimize_module=False)  # parses and verifies the builder's module
+    to_llvm(module, ctx.options.target, optimize_module=False)  # parses and verifies it
 
 
 def _llvm_opt(module, ctx: Context):
     from .pipeline import to_llvm
 
-    return to_llvm(module)
+    return to_llvm(module, ctx.options.target)
 
 
 def _asm(parsed, ctx: Context) -> str:
     from .pipeline import assembly
 
-    return assembly(parsed)
+    return assembly(parsed, ctx.options.target)
 
 
 def _obj(module, ctx: Context) -> bytes:
     from .pipeline import object_code, to_llvm
 
-    return object_code(to_llvm(module, pic=True))
+    return object_code(to_llvm(module, ctx.options.target, pic=True), ctx.options.target)
 
 
 def _mlir(program, ctx: Context) -> str:
@@ -236,7 +238,8 @@ STAGES: tuple[Stage, ...] = (
           reads="loops", verify=_verify_llvm),
     Stage("llvm-opt", "the LLVM IR after the O3 pipeline", _llvm_opt,
           lambda parsed, ctx: str(parsed)),
-    Stage("asm", "assembly for the host CPU", _asm, _text),
+    Stage("asm", "assembly for the target CPU (--target; default: this machine's)", _asm,
+          _text),
     Stage("obj", "the kernels' object code (position-independent; --emit obj -o FILE)",
           _obj, _text, reads="llvm", binary=True),
     Stage("mlir", "func/linalg/tensor/arith/math MLIR, accepted by mlir-opt-19", _mlir, _text,

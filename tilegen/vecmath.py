@@ -39,6 +39,8 @@ import math
 
 from llvmlite import ir
 
+from .target import Target
+
 _LIBM_INTRINSICS = {"tanh": "llvm.tanh"}
 # The functions MathLibrary emits.
 MATH_OPS = ("exp", "log", "erf", "tanh")
@@ -89,10 +91,12 @@ class _Format:
 
 class MathLibrary:
     """Emits calls to per-(op, type) helper functions, defined once per module and
-    marked always-inline."""
+    marked always-inline. Instruction choices (AVX-512's vscalefps and vrangeps) follow
+    `target`'s features."""
 
-    def __init__(self, module: ir.Module):
+    def __init__(self, module: ir.Module, target: Target):
         self.module = module
+        self.target = target
 
     def call(self, builder: ir.IRBuilder, op: str, value: ir.Value) -> ir.Value:
         if op not in MATH_OPS:  # never an _Emitter method that happens to have the name
@@ -116,7 +120,7 @@ class MathLibrary:
         function.attributes.add("alwaysinline")
         function.attributes.add("nounwind")
         builder = ir.IRBuilder(function.append_basic_block("entry"))
-        emit = _Emitter(self.module, builder, ty)
+        emit = _Emitter(self.module, builder, ty, self.target)
         if op == "exp" and isinstance(ty, ir.VectorType):
             emit.skip_if_all_underflow(function)
         builder.ret(getattr(emit, op)(function.args[0]))
@@ -126,8 +130,9 @@ class MathLibrary:
 class _Emitter:
     """Builds the math on one scalar or vector type."""
 
-    def __init__(self, module: ir.Module, builder: ir.IRBuilder, ty):
+    def __init__(self, module: ir.Module, builder: ir.IRBuilder, ty, target: Target):
         self.module = module
+        self.target = target
         self.b = builder
         self.ty = ty
         self.width = ty.count if isinstance(ty, ir.VectorType) else 0
@@ -162,9 +167,9 @@ class _Emitter:
         return self.b.bitcast(self.b.shl(biased, self.i(self.fmt.mantissa_bits)), self.ty)
 
     def avx512_intrinsic(self, op: str, *features: str):
-        """llvm.x86.avx512.mask.<op> for 128/256/512-bit vectors when the host has AVX-512
-        (VL for the narrow ones) and `features`. Called as `self.avx512_call`."""
-        if not self.width or not all(_host_has(feature)
+        """llvm.x86.avx512.mask.<op> for 128/256/512-bit vectors when the target has
+        AVX-512 (VL for the narrow ones) and `features`. Called as `self.avx512_call`."""
+        if not self.width or not all(self.target.has(feature)
                                      for feature in ("avx512f", "avx512vl", *features)):
             return None
         bits = self.width * (64 if self.fmt.is_double else 32)
@@ -344,12 +349,6 @@ def _ln2_low_part(high: float) -> float:
     with decimal.localcontext() as context:
         context.prec = 40
         return float(decimal.Decimal(2).ln() - decimal.Decimal(high))
-
-
-def _host_has(feature: str) -> bool:
-    from .target import host_cpu
-
-    return f"+{feature}" in host_cpu()[1].split(",")
 
 
 def _float_bits(value: float, is_double: bool) -> int:

@@ -368,6 +368,3 @@ cast = register(OpDef(
     vjp=_cast_vjp,
     mlir=_cast_mlir,
     lower=_cast_lower))
-
-BINARY_OPS = ("add", "sub", "mul", "div")
-UNARY_OPS = ("neg", "exp", "log", "sqrt", "tanh")

@@ -142,7 +142,7 @@ def _scatter_add_lower(ctx, op, operands):
             return [L.Let(row, row_id(index)), L.For(j, width, (L.Store(out, target, total),))]
         return (ctx.loops((rows, width), lambda index: [L.Store(out, index, zero)], "z") +
                 ctx.loops(ids.type.concrete_shape, add_row, "p"))
-    return L.RowKernel(op.result.type, emit)
+    return L.BufferWriter(op.result.type, emit)
 
 
 def _scatter_add_mlir(ctx, op, operands):

@@ -64,7 +64,7 @@ def _matmul_lower(ctx, op, operands):
     cols = b.type.concrete_shape[-1]
     if ctx.gemm_pays(a, b):
         # Large products: packed panels and a register-blocked micro-kernel.
-        return L.RowKernel(op.result.type, lambda ctx, out: [ctx.gemm(out, a, b)])
+        return L.BufferWriter(op.result.type, lambda ctx, out: [ctx.gemm(out, a, b)])
     a = ctx.reusable(a, cols)
     if cols < 8 <= inner and rows >= 4:
         # Too few columns for vector stores: the reduction over k runs in vector tiles, so

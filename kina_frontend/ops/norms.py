@@ -125,7 +125,7 @@ def _norm_lower(centred: bool):
                                                             result),)))
                 return statements
             return ctx.loops(outer, row, "row")
-        return L.RowKernel(op.result.type, emit)
+        return L.BufferWriter(op.result.type, emit)
     return lower
 
 

@@ -260,7 +260,7 @@ def _row_lower(log: bool):
                 ]
                 return statements
             return ctx.loops(outer, row, "row")
-        return L.RowKernel(op.result.type, emit)
+        return L.BufferWriter(op.result.type, emit)
     return lower
 
 

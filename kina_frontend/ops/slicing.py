@@ -1,8 +1,8 @@
 """concat(a, b, ..., axis=k) and slice(x, axis=k, start=S, size=N).
 
-concat's result is written part by part into its slices (a row kernel: each operand's loop
-nest stores at its offset, no per-element select between operands); slice is a view that
-shifts the index along the axis. Each is the other's gradient.
+concat's result is written part by part into its slices (a `BufferWriter`: each operand's
+loop nest stores at its offset, no per-element select between operands); slice is a view
+that shifts the index along the axis. Each is the other's gradient.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _concat_lower(ctx, op, operands):
             statements += ctx.loops(part.type.concrete_shape, store, "c")
             offset += part.type.concrete_shape[axis]
         return statements
-    return L.RowKernel(op.result.type, emit)
+    return L.BufferWriter(op.result.type, emit)
 
 
 def _concat_vjp(b, op, cotangents):

@@ -41,7 +41,7 @@ class LoadedKernel:
         _load_openmp_runtime()
         with host.LLVM_LOCK:
             engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
-                                                host.new_target_machine(False))
+                                                host.new_target_machine(host.host_target()))
             engine.add_object_file(llvm.ObjectFileRef.from_data(data))
             engine.finalize_object()
             self.address = engine.get_function_address(f"{name}.launch")
@@ -272,7 +272,7 @@ class TilegenDriver(DriverBase):
                                                    "fp64": "double"}.get(ty, ty)
 
     def get_current_target(self) -> GPUTarget:
-        return GPUTarget(BACKEND_NAME, host.host_cpu()[0], 1)
+        return GPUTarget(BACKEND_NAME, host.host_target().cpu, 1)
 
     def get_active_torch_device(self):
         import torch

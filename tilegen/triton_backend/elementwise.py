@@ -12,6 +12,8 @@ import struct
 
 from llvmlite import ir
 
+from ..codegen_values import type_suffix
+from ..target import host_target
 from ..vecmath import MathLibrary
 from .tileir import ELEM_BITS, FLOAT_ELEMS, TileError
 
@@ -104,7 +106,7 @@ class Elementwise:
 
     def __init__(self, module: ir.Module):
         self.module = module
-        self.math = MathLibrary(module)
+        self.math = MathLibrary(module, host_target())  # kernels run in this process
 
     def declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         existing = self.module.globals.get(name)
@@ -348,22 +350,6 @@ def f32_to_bf16(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
 
 def _width(value: ir.Value) -> int:
     return value.type.count if isinstance(value.type, ir.VectorType) else 0
-
-
-def type_suffix(ty: ir.Type) -> str:
-    if isinstance(ty, ir.VectorType):
-        return f"v{ty.count}{type_suffix(ty.element)}"
-    if isinstance(ty, ir.FloatType):
-        return "f32"
-    if isinstance(ty, ir.DoubleType):
-        return "f64"
-    if isinstance(ty, ir.HalfType):
-        return "f16"
-    if isinstance(ty, ir.IntType):
-        return f"i{ty.width}"
-    if isinstance(ty, ir.PointerType):
-        return "p0"
-    raise TypeError(ty)
 
 
 # libm functions a libdevice call (tl.extra.libdevice / tl.math) may name; see libdevice.py.

@@ -119,13 +119,13 @@ class DeferredDot:
 
 def start(e, loop: Op, op: Op, accumulator) -> DeferredDot:
     """Before the loop: the pack buffers and a zero trip counter."""
-    from ..gemm import LANES
+    from ..target import host_target
 
     a_value, b_value = op.operands[:2]
     m, depth = a_value.type.shape
     n = b_value.type.shape[-1]
     elem = op.result.type.elem
-    lanes = LANES["f32" if elem == "f32" else "f64"]
+    lanes = host_target().lanes("f32" if elem == "f32" else "f64")
     nr = 2 * lanes if n > lanes else lanes
     mr = min(m, 8 if nr == 2 * lanes else 16)
     group = max(1, DEPTH // depth)
@@ -246,8 +246,11 @@ def _flush(e, plan: DeferredDot, kc: ir.Value) -> None:
     elem = op.result.type.elem
     stride = plan.group * depth
     mr, nr = plan.mr, plan.nr
-    kernel = micro_kernel_function(e.module, L.F32 if elem == "f32" else L.F64, mr, nr,
-                                   stride)
+    from ..target import host_target
+
+    dtype = L.F32 if elem == "f32" else L.F64
+    kernel = micro_kernel_function(e.module, dtype, mr, nr, stride,
+                                   host_target().lanes(dtype))
     micro_kernel_blocks(e, kernel, (plan.pack_a, plan.pack_b, plan.accumulator),
                         (m, n, mr, nr), stride, kc, 0)
 

@@ -47,7 +47,7 @@ def tile_to_llvm(text: TileText, metadata, options) -> str:
     if program is None:
         raise TileError("the ttile stage cannot be parsed back; compile from the kernel")
     module = ir.Module(name=program.name)
-    module.triple = host.triple()
+    module.triple = host.host_target().triple
     emitter = ProgramEmitter(program, module, debug=bool(options.debug))
     function = emitter.emit()
     emit_launcher(module, function, program.name)
@@ -61,8 +61,9 @@ def llvm_to_object(text: str) -> bytes:
     with host.LLVM_LOCK:
         parsed = llvm.parse_assembly(text)
         parsed.verify()
-        machine = host.target_machine()
-        parsed.triple = host.triple()
+        # Kernels run in this process: always this machine's target.
+        machine = host.target_machine(host.host_target())
+        parsed.triple = host.host_target().triple
         parsed.data_layout = str(machine.target_data)
         host.optimize(parsed, machine)
         return machine.emit_object(parsed)

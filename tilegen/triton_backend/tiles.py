@@ -191,14 +191,15 @@ def _converted(e, value, elem: str):
 
 def _dot_micro_kernel(e, op) -> None:
     from .. import loopir as L
-    from ..gemm import LANES, micro_kernel_function
+    from ..gemm import micro_kernel_function
+    from ..target import host_target
 
     a_value, b_value, c_value = op.operands[:3]
     m, k_extent = a_value.type.shape
     n = b_value.type.shape[-1]
     elem = op.result.type.elem
     dtype = L.F32 if elem == "f32" else L.F64
-    lanes = LANES[dtype]
+    lanes = host_target().lanes(dtype)
     nr = 2 * lanes if n > lanes else lanes
     # tile rows are powers of two: a register block that divides them wastes no FMAs
     mr = min(m, 8 if nr == 2 * lanes else 16)
@@ -229,7 +230,7 @@ def _dot_micro_kernel(e, op) -> None:
                 e.store_chunk(packed, e.b.add(target, _const(part)), chunk)
         e.loop(panels, lambda p: e.loop(k_extent, lambda kk: pack(p, kk), unroll=False),
                unroll=False)
-    kernel = micro_kernel_function(e.module, dtype, mr, nr, k_extent)
+    kernel = micro_kernel_function(e.module, dtype, mr, nr, k_extent, lanes)
     kloop.micro_kernel_blocks(e, kernel, (a, packed, out), (m, n, mr, nr), k_extent,
                               _const(k_extent), 1 if zero_start else 0)
     e.env[op.result.id] = out

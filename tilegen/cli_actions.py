@@ -9,11 +9,10 @@ import zlib
 import numpy as np
 
 from kina_frontend.diagnostics import KinaError, Source
-from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Program
-from kina_frontend.types import DType
 
 from . import config
+from .run_inputs import format_seconds, placeholder_values
 from .runtime import IdOutOfRangeError
 
 
@@ -34,63 +33,8 @@ def run_backend_stages(plans: list, program: Program | None, source: Source, arg
 
         return run_kernel(plans, args.function, args.seed)
     if args.run:
-        return _run_main(program, args.seed)
+        return _run_main(program, args.seed, args.target)
     return 0
-
-
-def format_seconds(seconds: float) -> str:
-    """A duration in the unit that reads best: 850 ns, 12.3 us, 4.5 ms, 1.25 s."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.0f} ns"
-
-
-def placeholder_values(function: Function, seed: int) -> list[np.ndarray]:
-    """Deterministic inputs for an @main's placeholders, in order: floats are standard
-    normal draws from numpy.random.default_rng(seed + k) for placeholder k; ids are drawn
-    uniformly from [0, n) where n is the smallest bound of any op that reads them (a
-    gather's table rows, a scatter_add's rows, a one_hot's class count; 8 when none
-    does); BOOL values are true with probability 1/2. A seed + k below 0 is a diagnostic
-    at placeholder k (NumPy seeds are non-negative)."""
-    limits = id_limits(function)
-    values = []
-    for op in function.body:
-        if op.op != "placeholder":
-            continue
-        number = op.attr("index")
-        if seed + number < 0:
-            raise KinaError("run", f"--seed {seed} gives placeholder {number} the NumPy seed "
-                            f"{seed + number}, and seeds must be non-negative", op.span,
-                            ("placeholder k is drawn with seed + k: use --seed 0 or more",))
-        values.append(placeholder_value(op.result.type, seed + number,
-                                        limits.get(op.result.name, 8)))
-    return values
-
-
-def placeholder_value(ttype, seed: int, id_limit: int) -> np.ndarray:
-    """One deterministic value of `ttype`: standard normal floats from default_rng(seed),
-    ids uniform in [0, id_limit), BOOL true with probability 1/2."""
-    rng = np.random.default_rng(seed)
-    shape = ttype.concrete_shape
-    if ttype.dtype.is_float:
-        return rng.standard_normal(shape).astype(ttype.dtype.numpy)
-    if ttype.dtype == DType.BOOL:
-        return rng.random(shape) < 0.5
-    return rng.integers(0, id_limit, size=shape, dtype=np.int64)
-
-
-def id_limits(function: Function) -> dict[str, int]:
-    """For each I64 value an op reads as ids (its OpDef's `ids_bound`): the smallest bound."""
-    limits: dict[str, int] = {}
-    for op in function.body:
-        definition = REGISTRY.get(op.op)
-        if definition is None or definition.ids_bound is None:
-            continue
-        position, limit = definition.ids_bound(op)
-        name = op.operands[position].name
-        limits[name] = min(limit, limits.get(name, limit))
-    return limits
 
 
 def _id_error(error: IdOutOfRangeError, function: Function, name: str) -> KinaError:
@@ -108,7 +52,7 @@ def _id_error(error: IdOutOfRangeError, function: Function, name: str) -> KinaEr
                      span, notes)
 
 
-def _run_main(program: Program, seed: int) -> int:
+def _run_main(program: Program, seed: int, target: str | None = None) -> int:
     from kina_frontend.transforms import inline_calls
 
     from .api import compile_program
@@ -123,7 +67,7 @@ def _run_main(program: Program, seed: int) -> int:
         raise KinaError("run", f"@{main.name}: not enough memory for its placeholder values",
                         main.span) from None
     started = time.perf_counter()
-    function = getattr(compile_program(program, names=(main.name,)), main.name)
+    function = getattr(compile_program(program, names=(main.name,), target=target), main.name)
     compiled = time.perf_counter()
     try:
         outputs = function(*inputs)
