@@ -75,8 +75,8 @@ F32_COSINE_MIN = 0.99999
 
 
 def _has_bf16_dot() -> bool:
-    from tilegen.target import host_cpu
-    return "+avx512bf16" in host_cpu()[1].split(",")
+    from tilegen.target import host_target
+    return "+avx512bf16" in host_target().features.split(",")
 
 
 @contextmanager

@@ -58,7 +58,7 @@ def test_any_verified_schedule_computes_the_program(seed, data):
         verify_kernel(kernel)
     except LoopIRVerifyError:
         return  # a schedule the verifier refuses never reaches codegen
-    module = jit_module([KernelPlan(function, kernel, options.stack_bytes)])
+    module = jit_module([KernelPlan(function, kernel, options.target, options.stack_bytes)])
     got = getattr(module, generated.function)(*generated.inputs)
     got = got if isinstance(got, tuple) else (got,)
     expected = interpret(program, generated.function, *generated.inputs)
