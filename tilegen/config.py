@@ -16,9 +16,10 @@ TILEGEN_TARGET       the CPU to generate code for: host (default), x86-64-v3,
                      skylake-avx512 or aarch64-linux-gnu (tilegen/target.py); JIT needs
                      one this machine can run
 TILEGEN_GOMP_SPINCOUNT  how long libgomp's idle workers spin before they sleep, given to
-                     libgomp as GOMP_SPINCOUNT when tilegen loads it (default 10000; see
-                     tilegen/runtime.py). Ignored when GOMP_SPINCOUNT or OMP_WAIT_POLICY is
-                     set, or libgomp is already in the process (PyTorch loaded it first).
+                     libgomp as GOMP_SPINCOUNT when tilegen loads it (unset: libgomp's own
+                     300 000; 10000 frees the cores for NumPy soon after a region, at a cost
+                     to back-to-back parallel kernels: docs/benchmarks.md, B10). Ignored when
+                     GOMP_SPINCOUNT or OMP_WAIT_POLICY is set, or libgomp is already loaded.
 TILEGEN_VERIFY       1: run the tensor-IR verifier on each prepared function and the loop-IR
                      verifier after lowering and after every schedule pass (tilegen/stages.py;
                      the tests run them always)
@@ -42,8 +43,6 @@ from kina_frontend.transforms import MAX_INLINED_OPS
 from .target import Target, host_target, named_target
 
 MEMORY_CACHE_ENTRIES = 32
-# libgomp's default is 300 000 spins (milliseconds of a core after each parallel region).
-GOMP_SPINCOUNT = 10_000
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class Config:
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
-    gomp_spincount: int = field(default=GOMP_SPINCOUNT, repr=False)
+    gomp_spincount: int | None = field(default=None, repr=False)  # None: libgomp's own
     verify: bool = field(default=False, repr=False)  # checks only: the code is the same
 
 
@@ -74,6 +73,12 @@ def _int(name: str, default: int, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name}={raw!r} must be at least {minimum}")
     return value
+
+
+def _optional_int(name: str) -> int | None:
+    if not os.environ.get(name, "").strip():
+        return None
+    return _int(name, 0, minimum=0)
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -114,7 +119,7 @@ def load(target: str | None = None) -> Config:
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,
                                             minimum=0),
                   max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),
-                  gomp_spincount=_int("TILEGEN_GOMP_SPINCOUNT", GOMP_SPINCOUNT, minimum=0),
+                  gomp_spincount=_optional_int("TILEGEN_GOMP_SPINCOUNT"),
                   verify=_flag("TILEGEN_VERIFY", False),
                   fused_attention=_choice("TILEGEN_FUSED_ATTENTION", ("auto", "always",
                                                                       "never")))

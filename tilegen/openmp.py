@@ -4,10 +4,11 @@ Parallel loops call `GOMP_parallel`; MCJIT resolves it from the libgomp this mod
 into the process. After a region libgomp's idle workers spin before they sleep, 300 000
 iterations by default: milliseconds of a core after every call, which the next NumPy
 (OpenBLAS) call in the same program then lacks. libgomp reads `GOMP_SPINCOUNT` once, when
-it is loaded, so tilegen sets it for that moment only (`TILEGEN_GOMP_SPINCOUNT`, default in
-tilegen/config.py) and restores the environment. What a user set for OpenMP themselves
-(`GOMP_SPINCOUNT`, `OMP_WAIT_POLICY`) wins, and a libgomp already in the process (PyTorch's
-shares the soname) is used as it is: one libgomp means one worker pool for both.
+it is loaded, so with `TILEGEN_GOMP_SPINCOUNT` set tilegen gives it that value for that
+moment only and restores the environment. It is opt-in: a short spin cost back-to-back
+parallel kernels 5-15 % in B5 (docs/benchmarks.md, "Sharing the cores"). What a user set
+for OpenMP themselves (`GOMP_SPINCOUNT`, `OMP_WAIT_POLICY`) wins, and a libgomp already in
+the process (PyTorch's shares the soname) is used as it is: one libgomp, one worker pool.
 
 libgomp is opened with RTLD_NODELETE before LLVM loads it: at exit LLVM's static
 destructors dlclose every library `load_library_permanently` opened, and a worker still
@@ -61,6 +62,10 @@ def load_openmp_runtime() -> None:
             _loaded = True
             return
         spincount = config.load().gomp_spincount
+        if spincount is None:  # libgomp's own settings (see TILEGEN_GOMP_SPINCOUNT)
+            _open(path)
+            _loaded = True
+            return
         os.environ["GOMP_SPINCOUNT"] = str(spincount)
         try:
             _open(path)
