@@ -57,20 +57,17 @@ def load_openmp_runtime() -> None:
     with _lock:
         if _loaded:
             return
-        if any(name in os.environ for name in _USER_SETTINGS) or libgomp_in_process():
+        # Only a libgomp loaded here, with no OpenMP settings of the user's, takes ours.
+        theirs = any(name in os.environ for name in _USER_SETTINGS) or libgomp_in_process()
+        spincount = None if theirs else config.load().gomp_spincount
+        if spincount is None:
             _open(path)
-            _loaded = True
-            return
-        spincount = config.load().gomp_spincount
-        if spincount is None:  # libgomp's own settings (see TILEGEN_GOMP_SPINCOUNT)
-            _open(path)
-            _loaded = True
-            return
-        os.environ["GOMP_SPINCOUNT"] = str(spincount)
-        try:
-            _open(path)
-        finally:
-            del os.environ["GOMP_SPINCOUNT"]
+        else:
+            os.environ["GOMP_SPINCOUNT"] = str(spincount)
+            try:
+                _open(path)
+            finally:
+                del os.environ["GOMP_SPINCOUNT"]
         _loaded, _loaded_spincount = True, spincount
 
 
