@@ -20,6 +20,10 @@ TILEGEN_GOMP_SPINCOUNT  how long libgomp's idle workers spin before they sleep, 
                      300 000; 10000 frees the cores for NumPy soon after a region, at a cost
                      to back-to-back parallel kernels: docs/benchmarks.md, B10). Ignored when
                      GOMP_SPINCOUNT or OMP_WAIT_POLICY is set, or libgomp is already loaded.
+TILEGEN_SHARE_BLAS_THREADS  1 (default): OpenBLAS (NumPy's BLAS) runs its threaded calls on
+                     libgomp's pool, the one tilegen and PyTorch use, instead of its own
+                     spinning threads (tilegen/blas_pool.py); 0 leaves OpenBLAS's threads
+                     alone. Read whenever tilegen loads code; an installed callback stays.
 TILEGEN_VERIFY       1: run the tensor-IR verifier on each prepared function and the loop-IR
                      verifier after lowering and after every schedule pass (tilegen/stages.py;
                      the tests run them always)
@@ -59,6 +63,7 @@ class Config:
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
     gomp_spincount: int | None = field(default=None, repr=False)  # None: libgomp's own
+    share_blas_threads: bool = field(default=True, repr=False)
     verify: bool = field(default=False, repr=False)  # checks only: the code is the same
 
 
@@ -120,6 +125,7 @@ def load(target: str | None = None) -> Config:
                                             minimum=0),
                   max_inlined_ops=_int("TILEGEN_MAX_INLINED_OPS", MAX_INLINED_OPS),
                   gomp_spincount=_optional_int("TILEGEN_GOMP_SPINCOUNT"),
+                  share_blas_threads=_flag("TILEGEN_SHARE_BLAS_THREADS", True),
                   verify=_flag("TILEGEN_VERIFY", False),
                   fused_attention=_choice("TILEGEN_FUSED_ATTENTION", ("auto", "always",
                                                                       "never")))

@@ -9,6 +9,7 @@ moment only and restores the environment. It is opt-in: a short spin cost back-t
 parallel kernels 5-15 % in B5 (docs/benchmarks.md, "Sharing the cores"). What a user set
 for OpenMP themselves (`GOMP_SPINCOUNT`, `OMP_WAIT_POLICY`) wins, and a libgomp already in
 the process (PyTorch's shares the soname) is used as it is: one libgomp, one worker pool.
+OpenBLAS (NumPy's) then runs its threaded calls on that pool too (tilegen/blas_pool.py).
 
 libgomp is opened with RTLD_NODELETE before LLVM loads it: at exit LLVM's static
 destructors dlclose every library `load_library_permanently` opened, and a worker still
@@ -27,7 +28,7 @@ import llvmlite.binding as llvm
 
 from kina_frontend.diagnostics import KinaError
 
-from . import config
+from . import blas_pool, config
 
 _USER_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 _lock = threading.Lock()
@@ -46,8 +47,14 @@ def libgomp_in_process() -> bool:
 
 
 def load_openmp_runtime() -> None:
-    """Make libgomp's symbols visible to MCJIT, once per process."""
-    global _libgomp, _loaded, _loaded_spincount
+    """Make libgomp's symbols visible to MCJIT, once per process, and give OpenBLAS's
+    threaded work to its pool (tilegen/blas_pool.py; repeated, for a BLAS loaded since)."""
+    _load_libgomp()
+    blas_pool.share_with_blas(config.load().share_blas_threads)
+
+
+def _load_libgomp() -> None:
+    global _loaded, _loaded_spincount
     if _loaded:
         return
     path = ctypes.util.find_library("gomp")
