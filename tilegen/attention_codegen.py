@@ -159,7 +159,7 @@ class _Emitter:
             clean = _smin(b, b.mul(clean_blocks, _c(a.block_keys)), bound)
             carried = self._keys(_c(0), clean, carried, a.unmasked)
             carried = self._keys(clean, bound, carried, a.score)
-        self._finish(first_row, carried[self.rows:])
+        self._finish(first_row, carried[:self.rows], carried[self.rows:])
         cg.pop_scope()
 
     def _keys(self, start, stop, carried, score: L.Expr):
@@ -271,7 +271,7 @@ class _Emitter:
             for slot, value in zip(slots, finished, strict=True):
                 self._store_vector(value, slot)
 
-    def _finish(self, first_row, totals) -> None:
+    def _finish(self, first_row, maxima, totals) -> None:
         a, b, cg = self.a, self.b, self.cg
         partial = a.dv % self.lanes
         mask = ir.Constant(ir.VectorType(I1, self.lanes),
@@ -281,6 +281,11 @@ class _Emitter:
         for r in range(self.rows):
             row = b.add(first_row, _c(r))
             with b.if_then(b.icmp_signed("<", row, _c(a.tq))):
+                if a.stats is not None:  # for the backward (tilegen/attention_ir.py)
+                    stats_row = b.mul(b.add(b.mul(self.entry, _c(a.tq)), row), _c(3))
+                    stats = cg.pointers[a.stats]
+                    b.store(maxima[r], self._pointer(stats, stats_row))
+                    b.store(totals[r], self._pointer(stats, b.add(stats_row, _c(1))))
                 inverse = self._splat(b.fdiv(self._f(1.0), totals[r]))
                 out_row = b.mul(b.add(b.mul(self.entry, _c(a.tq)), row), _c(a.dv))
                 for tile in range(self.dv_tiles):
