@@ -207,7 +207,7 @@ def _identity_buffer(ctx, view) -> str | None:
         else None
 
 
-def key_blocks(ctx, kt, block_keys: int, tk_padded: int) -> str:
+def key_blocks(ctx, kt, block_keys: int, tk_padded: int, hint: str = "attn_kt") -> str:
     """kt [batch..., d, tk] stored block by block, [batch..., tk_padded / block_keys, d,
     block_keys], zeros past tk: one key block's d x block_keys tile is contiguous. (Row
     major [d, tk_padded] put a block's d rows a power of two apart at long T, all in one
@@ -215,7 +215,7 @@ def key_blocks(ctx, kt, block_keys: int, tk_padded: int) -> str:
     extents = kt.type.concrete_shape[:-2]
     d, tk = kt.type.concrete_shape[-2:]
     shape = extents + (tk_padded // block_keys, d, block_keys)
-    buffer = ctx.add_buffer("attn_kt", kt.type.with_shape(shape), "temp")
+    buffer = ctx.add_buffer(hint, kt.type.with_shape(shape), "temp")
     zero = L.Const(0.0, L.value_type(buffer.dtype))
 
     def store(index):

@@ -114,10 +114,8 @@ class _Graph:
         return self.count(value.name) == 1
 
     def only_user(self, value, opname: str) -> Operation | None:
-        if self.count(value.name) != 1:
-            return None
-        (op, _), = self.users[value.name]
-        return op if op.op == opname else None
+        op = self.single_use(value)
+        return op if op is not None and op.op == opname else None
 
     def backward(self, softmax: Operation, function: Function) -> _Backward | None:
         p = softmax.result
@@ -208,22 +206,46 @@ class _Graph:
             return None
         for weighted, outer in (products, products[::-1]):
             g = _other(weighted, p)
-            total = self.only_user(weighted.result, "sum")
-            if g is None or total is None or total.attr("axis") != p.type.rank - 1:
+            path = self.restore_path(weighted.result, p.type) if g is not None else None
+            if path is None:
                 continue
-            kept = self.only_user(total.result, "reshape")
-            restored = self.only_user(kept.result, "broadcast") if kept else None
-            difference = self.only_user(restored.result, "sub") if restored else None
-            if kept is None or kept.result.type.shape != p.type.shape[:-1] + (1,) or \
-                    restored is None or restored.result.type != p.type or difference is None \
-                    or [v.name for v in difference.operands] != [g.name, restored.result.name] \
-                    or _other(outer, p) is None or \
-                    _other(outer, p).name != difference.result.name:
+            restored = self.defs[path[-1]].result if path else weighted.result
+            difference = self.only_user(restored, "sub")
+            if difference is None or \
+                    [v.name for v in difference.operands] != [g.name, restored.name] or \
+                    _other(outer, p) is None or _other(outer, p).name != difference.result.name:
                 continue
-            values = [weighted.result.name, total.result.name, kept.result.name,
-                      restored.result.name, difference.result.name]
-            return g, values, outer
+            return g, [weighted.result.name, *path, difference.result.name], outer
         return None
+
+    def restore_path(self, value, like) -> list[str] | None:
+        """The values of `broadcast(reshape(sum(value, axis=last)))` back to `like`, or,
+        with one key (where the simplifier folds those ops away), any chain of them that
+        keeps every element (possibly empty); None if `value` is not followed by one."""
+        rank, path = like.rank, []
+        if like.concrete_shape[-1] == 1:
+            while (op := self.single_use(value)) is not None and \
+                    op.op in ("sum", "reshape", "broadcast") and \
+                    _elements(op.result.type) == _elements(like):
+                path.append(op.result.name)
+                value = op.result
+            return path if value.type == like else None
+        total = self.only_user(value, "sum")
+        if total is None or total.attr("axis") != rank - 1:
+            return None
+        kept = self.only_user(total.result, "reshape")
+        if kept is None or kept.result.type.shape != like.shape[:-1] + (1,):
+            return None
+        restored = self.only_user(kept.result, "broadcast")
+        if restored is None or restored.result.type != like:
+            return None
+        return [total.result.name, kept.result.name, restored.result.name]
+
+    def single_use(self, value) -> Operation | None:
+        if self.count(value.name) != 1:
+            return None
+        (op, _), = self.users[value.name]
+        return op
 
     def acyclic(self, ops: list[Operation], outputs: list[str], function: Function) -> bool:
         """No input of the group's ops depends on one of its gradients."""
@@ -245,6 +267,13 @@ def _other(op: Operation, value):
     if len(names) != 2 or names.count(value.name) != 1:
         return None
     return op.operands[1 - names.index(value.name)]
+
+
+def _elements(ttype) -> int:
+    total = 1
+    for extent in ttype.concrete_shape:
+        total *= extent
+    return total
 
 
 def _swaps_last(perm, rank: int) -> bool:
@@ -386,14 +415,16 @@ def _emit(ctx, group: _Backward) -> list[L.Stmt]:
     dscore = views["ds"].at(batch + (i, j))
     dv_padded = -(-dv // lanes) * lanes
     do_name = attention.padded_copy(ctx, do, "attn_do", (tq, dv), (tq, dv_padded))
-    vt_name = attention.key_blocks(ctx, vt, block_keys, tk_padded)
+    vt_name = attention.key_blocks(ctx, vt, block_keys, tk_padded, "attn_vt")
     outputs, work = [], 0
     for g in group.gradients:
         rows, padded_rows = (tq, tq) if g.over == "queries" else (tk, tk_padded)
         extent = g.view.type.concrete_shape[-1]
-        operand = attention.padded_copy(ctx, g.view, "attn_y" if g.over == "queries" else
-                                        "attn_z", (rows, extent),
-                                        (padded_rows, -(-extent // lanes) * lanes))
+        if g.over == "queries" and g.view is do:  # dV's factor: the copy of do serves
+            operand = do_name
+        else:
+            operand = attention.padded_copy(ctx, g.view, f"attn_{g.over[0]}", (rows, extent),
+                                            (padded_rows, -(-extent // lanes) * lanes))
         outputs.append(AttentionGradient(g.over, g.weight, operand, extent, g.out,
                                          g.transposed))
         work += extent
