@@ -276,3 +276,38 @@ def test_peak_memory_does_not_grow_as_t_squared():
     before, after = (int(x) for x in completed.stdout.split())
     grown_mb = (after - before) / 1024  # ru_maxrss is in KB on Linux
     assert grown_mb < 64, f"the call raised peak RSS by {grown_mb:.1f} MB"
+
+
+def test_a_hand_written_gradient_with_a_consumer_in_between(fused):
+    # The same schedule for a gradient written by hand, in an order where dV's consumer
+    # (an SGD update) comes before dQ and dK are computed: lowering moves it after the
+    # statement that writes all three. dK in the [d, keys] form (qᵀ @ ds).
+    source = """
+    const B = 2;
+    const T = 90;
+    const D = 12;
+    fn f(q: Tensor[F64, [B, T, D], @host], k: Tensor[F64, [B, T, D], @host],
+         v: Tensor[F64, [B, T, D], @host], dout: Tensor[F64, [B, T, D], @host])
+        -> (Tensor[F64, [B, T, D], @host], Tensor[F64, [B, T, D], @host],
+            Tensor[F64, [B, D, T], @host]) {
+      let p = softmax(q @ transpose(k, [0, 2, 1]) * 0.3, axis=2);
+      let dv = transpose(p, [0, 2, 1]) @ dout;
+      let updated = v - dv * 0.1;
+      let g = dout @ transpose(v, [0, 2, 1]);
+      let dx = p * (g - broadcast(reshape(sum(g * p, axis=2), [B, T, 1]), [B, T, T]));
+      let ds = dx * 0.3;
+      return (updated, ds @ k, transpose(q, [0, 2, 1]) @ ds);
+    }
+    """
+    nest = _backward(_kernel(source, "f"))
+    assert [(g.over, g.weight, g.transposed) for g in nest.gradients] == [
+        ("queries", "p", False), ("keys", "ds", False), ("queries", "ds", True)]
+    rng = np.random.default_rng(11)
+    arrays = [rng.standard_normal((2, 90, 12)) for _ in range(4)]
+    got = compile_program(program_from_text(source)).f(*arrays)
+    q, k, v, dout = (torch.from_numpy(a).requires_grad_() for a in arrays)
+    out = SDPA(q, k, v, scale=0.3)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    np.testing.assert_allclose(got[0], (v - 0.1 * dv).detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got[1], dq.numpy(), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(got[2], dk.transpose(1, 2).numpy(), rtol=1e-9, atol=1e-11)
