@@ -61,7 +61,7 @@ class _Backward:
     dx: str
     back: tuple[str, ...]             # dx's successors up to ds (empty: ds is dx)
     gradients: list[_Gradient]
-    shared_v: bool                    # o exists, before the backward, and vt = transpose(v)
+    forward_saves: bool               # o exists before the gradients: it saves the statistics
     views: dict = field(default_factory=dict)
 
 
@@ -171,19 +171,15 @@ class _Graph:
             return None
         if not self.acyclic(ops, [gr.result for gr in gradients], function):
             return None
-        shared = False
+        saves = False
         if forward is not None:
-            vt = self.defs.get(dp.operands[1].name)
             order = {op.result.name: n for n, op in enumerate(function.body)}
-            shared = vt is not None and vt.op == "transpose" and \
-                _swaps_last(vt.attr("perm"), vt.result.type.rank) and \
-                vt.operands[0].name == forward.operands[1].name and \
-                order[forward.result.name] < min(order[gr.result] for gr in gradients)
+            saves = order[forward.result.name] < min(order[gr.result] for gr in gradients)
         match = attention.Match(scores.result.name, p.name,
                                 forward.result.name if forward is not None else "",
                                 tuple(chain))
         return _Backward(match, g.name, tuple(vjp_values + absorbed), dx.result.name,
-                         tuple(back), gradients, shared)
+                         tuple(back), gradients, saves)
 
     def gradient(self, op: Operation, position: int, weight: str):
         """(_Gradient, absorbed transposes) when `op`, using the weight (p or ds) at
@@ -331,7 +327,7 @@ def _forward_rule(group: _Backward):
         group.forward.views["v"] = operands[1]
 
         def emit(ctx, out):
-            stats = _stats_buffer(ctx, group) if group.shared_v else None
+            stats = _stats_buffer(ctx, group) if group.forward_saves else None
             statement = attention.emit_forward(ctx, group.forward, out, stats)
             group.views["forward"] = statement
             return [statement]
@@ -388,6 +384,14 @@ def _transposed(view: View) -> View:
                 lambda index: view.at(tuple(index[:-2]) + (index[-1], index[-2])))
 
 
+def _same(ctx, view: View, other: View) -> bool:
+    """Whether two views read the same element expression everywhere (structurally)."""
+    if view.type != other.type:
+        return False
+    index = tuple(ctx.var(e, "probe") for e in view.type.concrete_shape)
+    return view.at(index) == other.at(index)
+
+
 def _emit(ctx, group: _Backward) -> list[L.Stmt]:
     match, views = group.forward, group.views
     q, x = match.views["q"], match.views["x"]
@@ -399,9 +403,10 @@ def _emit(ctx, group: _Backward) -> list[L.Stmt]:
     lanes = LANES[dtype]
     statements: list[L.Stmt] = []
     forward = views.get("forward")
-    if forward is None or forward.stats is None:
-        # No forward saved the statistics: a forward pass of p @ vtᵀ does (its result
-        # gives rowsum(g p) = rowsum(do (p vtᵀ))).
+    if forward is None or forward.stats is None or not _same(ctx, match.views["v"],
+                                                             _transposed(vt)):
+        # No forward saved the statistics, or its v is not vtᵀ: a forward pass of p @ vtᵀ
+        # does (its result gives rowsum(g p) = rowsum(do (p vtᵀ))).
         match.views["v"] = _transposed(vt)
         o = ctx.add_buffer("attn_o", q.type.with_shape(extents + (tq, dv)), "temp").name
         forward = attention.emit_forward(ctx, match, o, _stats_buffer(ctx, group))
