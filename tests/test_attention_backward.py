@@ -311,3 +311,40 @@ def test_a_hand_written_gradient_with_a_consumer_in_between(fused):
     np.testing.assert_allclose(got[0], (v - 0.1 * dv).detach().numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got[1], dq.numpy(), rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(got[2], dk.transpose(1, 2).numpy(), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F64"])
+def test_avx2_target_lanes(fused, monkeypatch, dtype):
+    # x86-64-v3 (AVX2, 16 ymm registers): 8 f32 / 4 f64 lanes and two tiles per key block,
+    # so padding and blocks differ from the AVX-512 host's; forward and backward both.
+    from tilegen.target import named_target
+
+    target = named_target("x86-64-v3")
+    if not target.runs_on_host:
+        pytest.skip("this machine cannot run x86-64-v3 code")
+    monkeypatch.setenv("TILEGEN_TARGET", "x86-64-v3")
+    kernel, nest = _check(70, "causal_where", 13, b=2, dtype=dtype,
+                          rtol=1e-9 if dtype == "F64" else 2e-4,
+                          atol=1e-11 if dtype == "F64" else 2e-5)
+    lanes = target.lanes(dtype.lower())
+    (forward,) = [s for s in kernel.body if isinstance(s, Attention)]
+    assert nest.block_keys == forward.block_keys == 2 * lanes
+    assert kernel.buffer(nest.do).shape[-1] == -(-13 // lanes) * lanes
+
+
+def test_a_statement_for_other_vector_widths_is_refused(fused, monkeypatch, tmp_path):
+    # Loop IR lowered for AVX-512 (16-lane padding) compiled for AVX2: a clear error, not
+    # wrong strides.
+    from kina_frontend.diagnostics import KinaError
+    from tilegen import compile_file
+    from tilegen.target import named_target
+
+    if named_target("host").lanes("f64") != 8 or not named_target("x86-64-v3").runs_on_host:
+        pytest.skip("needs an AVX-512 host")
+    path = tmp_path / "grads.loops"
+    # Head width 10: 16 wide with 8 f64 lanes, 12 with AVX2's 4.
+    path.write_text(format_kernel(_kernel(attention_source(1, 2, 70, 10, "causal_where",
+                                                           gradient=True))))
+    arrays = [np.zeros((1, 2, 70, 10)) for _ in range(4)]
+    with pytest.raises(KinaError, match="other vector widths"):
+        compile_file(str(path), target="x86-64-v3").grads(*arrays)

@@ -51,7 +51,6 @@ CHAIN_OPS = {"add": (0, 1), "sub": (0, 1), "mul": (0, 1), "div": (0, 1), "neg": 
 AUTO_MIN_SCORES = 64 * 64
 # A masking constant at most this makes the mask one whose keys may be skipped.
 MASKED_AT_MOST = -1e6
-LANES = {L.F32: 16, L.F64: 8}
 BLOCK_ROWS = 4
 MAX_KEY_TILES = 4  # key block = up to this many vector tiles
 
@@ -173,9 +172,10 @@ def emit_forward(ctx, match: Match, out: str, stats: str | None = None) -> L.Att
     tq, d = q.type.concrete_shape[-2:]
     tk, dv = kt.type.concrete_shape[-1], v.type.concrete_shape[-1]
     dtype = L.value_type(q.type.dtype.value)
-    block_keys = key_block(dtype, tk)
+    target = ctx.options.target
+    block_keys = key_block(target, dtype, tk)
     tk_padded = -(-tk // block_keys) * block_keys
-    dv_padded = -(-dv // LANES[dtype]) * LANES[dtype]
+    dv_padded = padded_width(target, dtype, dv)
     batch = tuple(ctx.var(e, "b") for e in extents)
     i, j = ctx.var(tq, "i"), ctx.var(tk, "j")
     score = x.at(batch + (i, j))
@@ -192,10 +192,19 @@ def emit_forward(ctx, match: Match, out: str, stats: str | None = None) -> L.Att
                        threads, stats)
 
 
-def key_block(dtype: str, tk: int) -> int:
-    """Keys per block: up to MAX_KEY_TILES vector tiles, no more tiles than tk needs."""
-    lanes = LANES[dtype]
-    return lanes * min(MAX_KEY_TILES, -(-tk // lanes))
+def key_block(target, dtype: str, tk: int) -> int:
+    """Keys per block: up to MAX_KEY_TILES vector tiles of `target`, no more than tk
+    needs, and few enough that the BLOCK_ROWS x tiles score accumulators take at most half
+    the vector registers (16 zmm on AVX-512: 4 tiles of 16; 8 ymm on AVX2: 2 of 8)."""
+    lanes = target.lanes(dtype)
+    tiles = max(1, min(MAX_KEY_TILES, target.vector_registers // (2 * BLOCK_ROWS)))
+    return lanes * min(tiles, -(-tk // lanes))
+
+
+def padded_width(target, dtype: str, extent: int) -> int:
+    """`extent` rounded up to whole vector tiles of `target` (the copies' row width)."""
+    lanes = target.lanes(dtype)
+    return -(-extent // lanes) * lanes
 
 
 def _identity_buffer(ctx, view) -> str | None:

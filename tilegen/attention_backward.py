@@ -36,7 +36,7 @@ from kina_frontend.types import DType
 
 from . import attention
 from . import loopir as L
-from .attention import CHAIN_OPS, LANES
+from .attention import CHAIN_OPS, padded_width
 from .attention_ir import AttentionBackward, AttentionGradient
 from .gemm import GEMM_PARALLEL_WORK
 from .views import View
@@ -400,7 +400,7 @@ def _emit(ctx, group: _Backward) -> list[L.Stmt]:
     tq, d = q.type.concrete_shape[-2:]
     dv, tk = vt.type.concrete_shape[-2:]
     dtype = L.value_type(q.type.dtype.value)
-    lanes = LANES[dtype]
+    target = ctx.options.target
     statements: list[L.Stmt] = []
     forward = views.get("forward")
     if forward is None or forward.stats is None or not _same(ctx, match.views["v"],
@@ -418,7 +418,7 @@ def _emit(ctx, group: _Backward) -> list[L.Stmt]:
     score = x.at(batch + (i, j))
     causal, unmasked = attention.positional_mask(score, i, j)
     dscore = views["ds"].at(batch + (i, j))
-    dv_padded = -(-dv // lanes) * lanes
+    dv_padded = padded_width(target, dtype, dv)
     do_name = attention.padded_copy(ctx, do, "attn_do", (tq, dv), (tq, dv_padded))
     vt_name = attention.key_blocks(ctx, vt, block_keys, tk_padded, "attn_vt")
     outputs, work = [], 0
@@ -429,7 +429,7 @@ def _emit(ctx, group: _Backward) -> list[L.Stmt]:
             operand = do_name
         else:
             operand = attention.padded_copy(ctx, g.view, f"attn_{g.over[0]}", (rows, extent),
-                                            (padded_rows, -(-extent // lanes) * lanes))
+                                            (padded_rows, padded_width(target, dtype, extent)))
         outputs.append(AttentionGradient(g.over, g.weight, operand, extent, g.out,
                                          g.transposed))
         work += extent

@@ -59,6 +59,12 @@ def _run(cg, att, units: int, method) -> None:
 
 
 class _BackwardEmitter(_Emitter):
+    def __init__(self, cg, att: AttentionBackward):
+        super().__init__(cg, att)
+        self.check_width(att.do, att.dv)
+        for g in att.gradients:
+            self.check_width(g.operand, g.extent)
+
     def _alloca(self, elements: int, name: str):
         block = self.b.alloca(self.element, size=_c(elements), name=name)
         block.align = 64

@@ -23,6 +23,8 @@ import math
 
 from llvmlite import ir
 
+from kina_frontend.diagnostics import KinaError
+
 from . import loopir as L
 from .codegen_values import Val
 
@@ -31,7 +33,6 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
 ELEMENT = {L.F32: ir.FloatType(), L.F64: ir.DoubleType()}
-LANES = {L.F32: 16, L.F64: 8}
 COLUMN_TILES = 2  # value column tiles accumulated together (see _accumulate)
 
 
@@ -52,7 +53,7 @@ def _c(value: int) -> ir.Constant:
 class _Emitter:
     def __init__(self, cg, att: L.Attention):
         self.cg, self.a, self.b = cg, att, cg.b
-        self.lanes = LANES[att.dtype]
+        self.lanes = cg.target.lanes(att.dtype)
         self.element = ELEMENT[att.dtype]
         self.vector = ir.VectorType(self.element, self.lanes)
         self.bytes = L.ELEMENT_BYTES[att.dtype]
@@ -61,6 +62,20 @@ class _Emitter:
         self.tk_padded = -(-att.tk // att.block_keys) * att.block_keys
         self.rows = att.block_rows
         self.blocks = -(-att.tq // att.block_rows)
+        if att.block_keys % self.lanes:
+            self.mismatch(f"key blocks of {att.block_keys}")
+        if isinstance(att, L.Attention):
+            self.check_width(att.v, att.dv)
+
+    def check_width(self, buffer: str, extent: int) -> None:
+        """`buffer`'s rows hold `extent` values padded to whole vector tiles of the target."""
+        if self.cg.buffers[buffer].shape[-1] != -(-extent // self.lanes) * self.lanes:
+            self.mismatch(f"{buffer!r} rows of {self.cg.buffers[buffer].shape[-1]}")
+
+    def mismatch(self, what: str) -> None:
+        raise KinaError("unsupported", f"attention statement laid out for other vector widths "
+                        f"({what}) than {self.cg.target.name}'s {self.lanes} {self.a.dtype} "
+                        f"lanes: compile it for the target it was lowered for", None)
 
     # ---- helpers ------------------------------------------------------------------------------
 
