@@ -29,7 +29,16 @@ import math
 from llvmlite import ir
 
 from . import loopir as L
-from .attention_codegen import I1, I32, PTR, _c, _Emitter, _smin, emit_attention
+from .attention_codegen import (
+    I1,
+    I32,
+    PTR,
+    AttentionEmitter,
+    emit_attention,
+    group_blocks,
+    i64,
+    smin,
+)
 from .attention_ir import AttentionBackward
 from .codegen_values import Lane, Val
 
@@ -45,8 +54,9 @@ def emit_fused_attention(cg, stmt) -> None:
 def emit_attention_backward(cg, att: AttentionBackward) -> None:
     entries = math.prod(att.batch_extents)
     query_blocks = -(-att.tq // att.block_rows)
+    query_groups = -(-query_blocks // group_blocks(att))
     key_blocks = -(-att.tk // att.block_keys)
-    _run(cg, att, entries * query_blocks, _BackwardEmitter.query_pass)
+    _run(cg, att, entries * query_groups, _BackwardEmitter.query_pass)
     _run(cg, att, entries * key_blocks, _BackwardEmitter.key_pass)
 
 
@@ -55,10 +65,10 @@ def _run(cg, att, units: int, method) -> None:
         cg.parallel(units, att.threads,
                     lambda child, lo, hi: method(_BackwardEmitter(child, att), lo, hi))
     else:
-        method(_BackwardEmitter(cg, att), _c(0), _c(units))
+        method(_BackwardEmitter(cg, att), i64(0), i64(units))
 
 
-class _BackwardEmitter(_Emitter):
+class _BackwardEmitter(AttentionEmitter):
     def __init__(self, cg, att: AttentionBackward):
         super().__init__(cg, att)
         self.check_width(att.do, att.dv)
@@ -66,7 +76,7 @@ class _BackwardEmitter(_Emitter):
             self.check_width(g.operand, g.extent)
 
     def _alloca(self, elements: int, name: str):
-        block = self.b.alloca(self.element, size=_c(elements), name=name)
+        block = self.b.alloca(self.element, size=i64(elements), name=name)
         block.align = 64
         block.type = PTR
         return block
@@ -81,7 +91,8 @@ class _BackwardEmitter(_Emitter):
         self.weights = {w: self._alloca(self.rows * a.block_keys, f"attn.{w}")
                         for w in ("p", "ds")}
         self.gradients = [g for g in a.gradients if g.over == over]
-        size = self.rows if over == "keys" else a.block_keys
+        self.group = group_blocks(a)
+        size = self.group * self.rows if over == "keys" else a.block_keys
         self.sums = [self._alloca(size * self._tiles(g.extent) * self.lanes, "attn.sum")
                      for g in self.gradients]
 
@@ -89,29 +100,29 @@ class _BackwardEmitter(_Emitter):
         """(batch entry, block) of a unit, the batch variables bound; zigzag order, as the
         forward: a thread's contiguous share of a causal problem is long and short alike."""
         a, b, cg = self.a, self.b, self.cg
-        entry = b.sdiv(unit, _c(blocks))
-        position = b.srem(unit, _c(blocks))
-        half = b.sdiv(position, _c(2))
-        odd = b.icmp_signed("!=", b.srem(position, _c(2)), _c(0))
-        block = b.select(odd, b.sub(_c(blocks - 1), half), half)
+        entry = b.sdiv(unit, i64(blocks))
+        position = b.srem(unit, i64(blocks))
+        half = b.sdiv(position, i64(2))
+        odd = b.icmp_signed("!=", b.srem(position, i64(2)), i64(0))
+        block = b.select(odd, b.sub(i64(blocks - 1), half), half)
         remainder = entry
         for var, extent in reversed(list(zip(a.batch, a.batch_extents, strict=True))):
-            cg.env[-1][var.name] = Val(b.srem(remainder, _c(extent)), False)
-            remainder = b.sdiv(remainder, _c(extent))
+            cg.env[-1][var.name] = Val(b.srem(remainder, i64(extent)), False)
+            remainder = b.sdiv(remainder, i64(extent))
         self.entry = entry
         return block
 
     def _zero(self, slots: int, base) -> None:
         zero = ir.Constant(self.vector, None)
         for slot in range(slots):
-            self._store_vector(zero, self._pointer(base, _c(slot * self.lanes)))
+            self._store_vector(zero, self._pointer(base, i64(slot * self.lanes)))
 
     def _row_stats(self, rows):
         """(shift, 1 / l, D) of each row: the forward's statistics and pass 1's D."""
         b, out = self.b, []
         for row in rows:
-            base = b.mul(b.add(b.mul(self.entry, _c(self.a.tq)), row), _c(3))
-            m, total, delta = (b.load(self._pointer(self.stats, b.add(base, _c(k))),
+            base = b.mul(b.add(b.mul(self.entry, i64(self.a.tq)), row), i64(3))
+            m, total, delta = (b.load(self._pointer(self.stats, b.add(base, i64(k))),
                                       typ=self.element) for k in range(3))
             # A row with no key at all (every score -inf) shifts by 0: no inf - inf.
             shift = b.select(b.fcmp_ordered("==", m, self._f(-math.inf)), self._f(0.0), m)
@@ -122,13 +133,13 @@ class _BackwardEmitter(_Emitter):
 
     def _dots(self, rows, a_ptr, a_stride: int, blocked, extent: int, j0):
         b, lanes, tiles = self.b, self.lanes, self.key_tiles
-        a_rows = [b.mul(b.add(b.mul(self.entry, _c(self.a.tq)), row), _c(a_stride))
+        a_rows = [b.mul(b.add(b.mul(self.entry, i64(self.a.tq)), row), i64(a_stride))
                   for row in rows]
-        base = b.add(b.mul(self.entry, _c(extent * self.tk_padded)), b.mul(j0, _c(extent)))
+        base = b.add(b.mul(self.entry, i64(extent * self.tk_padded)), b.mul(j0, i64(extent)))
 
         def step(d, sums):
-            k_row = b.add(base, b.mul(d, _c(self.a.block_keys)))
-            keys = [self._load_vector(blocked, b.add(k_row, _c(c * lanes)))
+            k_row = b.add(base, b.mul(d, i64(self.a.block_keys)))
+            keys = [self._load_vector(blocked, b.add(k_row, i64(c * lanes)))
                     for c in range(tiles)]
             updated = []
             for r in range(len(rows)):
@@ -160,7 +171,7 @@ class _BackwardEmitter(_Emitter):
             return None
         keys = self.b.add(self.cg.splat(base, self.lanes), ir.Constant(
             ir.VectorType(ir.IntType(64), self.lanes), list(range(self.lanes))))
-        return self.b.icmp_signed("<", keys, self.cg.splat(_c(self.a.tk), self.lanes))
+        return self.b.icmp_signed("<", keys, self.cg.splat(i64(self.a.tk), self.lanes))
 
     def _tile(self, j0, rows, valid, stats, score: L.Expr) -> None:
         """P and ds of `rows` x the key block at j0 into the weight blocks (0 for keys past
@@ -172,7 +183,7 @@ class _BackwardEmitter(_Emitter):
         for r, row in enumerate(rows):
             shift, inverse, _ = stats[r]
             for c in range(tiles):
-                base = b.add(j0, _c(c * lanes))
+                base = b.add(j0, i64(c * lanes))
                 value = self._vector(score, a.s, sums[r * tiles + c], row, base)
                 p = b.fmul(self._exp(b.fsub(value, self._splat(shift))), self._splat(inverse))
                 probabilities.append(self._keep(p, base, valid[r], zero))
@@ -180,12 +191,12 @@ class _BackwardEmitter(_Emitter):
         for r, row in enumerate(rows):
             delta = self._splat(stats[r][2])
             for c in range(tiles):
-                base = b.add(j0, _c(c * lanes))
+                base = b.add(j0, i64(c * lanes))
                 p = probabilities[r * tiles + c]
                 dx = b.fmul(p, b.fsub(products[r * tiles + c], delta))
                 ds = self._keep(self._vector(a.dscore, a.dx, dx, row, base), base, valid[r],
                                 zero)
-                offset = _c(r * a.block_keys + c * lanes)
+                offset = i64(r * a.block_keys + c * lanes)
                 self._store_vector(p, self._pointer(self.weights["p"], offset))
                 self._store_vector(ds, self._pointer(self.weights["ds"], offset))
 
@@ -202,69 +213,110 @@ class _BackwardEmitter(_Emitter):
         self.cg.loop(lo, hi, 1, [], lambda unit, carried: self._query_block(unit) or carried)
 
     def _query_block(self, unit) -> None:
+        """Up to G row blocks, which take each key block in turn (as the forward does, so
+        a key block is streamed once per G R rows; their sums wait on the stack)."""
         a, b, cg = self.a, self.b, self.cg
         cg.push_scope()
-        first_row = b.mul(self._unit(unit, self.blocks), _c(self.rows))
-        rows = [_smin(b, b.add(first_row, _c(r)), _c(a.tq - 1)) for r in range(self.rows)]
+        supers = -(-self.blocks // self.group)
+        first_block = b.mul(self._unit(unit, supers), i64(self.group))
+        count = smin(b, i64(self.group), b.sub(i64(self.blocks), first_block))
+
+        def rows_of(g):
+            first_row = b.mul(b.add(first_block, g), i64(self.rows))
+            return first_row, [smin(b, b.add(first_row, i64(r)), i64(a.tq - 1))
+                               for r in range(self.rows)]
+
+        def sums_of(g):
+            return [self._pointer(block, b.mul(g, i64(self.rows * self._tiles(grad.extent) *
+                                                     self.lanes)))
+                    for grad, block in zip(self.gradients, self.sums, strict=True)]
+
+        def prepare(g, carried):
+            first_row, rows = rows_of(g)
+            self._store_deltas(first_row, rows)
+            for grad, block in zip(self.gradients, sums_of(g), strict=True):
+                self._zero(self.rows * self._tiles(grad.extent), block)
+            return carried
+        cg.loop(i64(0), count, 1, [], prepare)
+        valid = [None] * self.rows
+        last_row = smin(b, b.sub(b.mul(b.add(first_block, count), i64(self.rows)), i64(1)),
+                         i64(a.tq - 1))
+        bound = i64(a.tk) if a.causal is None else \
+            smin(b, b.add(last_row, i64(a.causal + 1)), i64(a.tk))
+
+        def key_block(j0, carried):
+            def row_block(g, inner):
+                first_row, rows = rows_of(g)
+                stats = self._row_stats(rows)
+
+                def tile(score):
+                    self._tile(j0, rows, valid, stats, score)
+                    for grad, block in zip(self.gradients, sums_of(g), strict=True):
+                        self._sum_over_keys(grad, block, j0)
+                if a.causal is None:
+                    tile(a.score)
+                    return inner
+                own_bound = smin(b, b.add(rows[-1], i64(a.causal + 1)), i64(a.tk))
+                clean_blocks = b.sdiv(b.add(first_row, i64(a.causal + 1)), i64(a.block_keys))
+                clean = smin(b, b.mul(clean_blocks, i64(a.block_keys)), own_bound)
+                with b.if_then(b.icmp_signed("<", j0, own_bound)), \
+                        b.if_else(b.icmp_signed("<", j0, clean)) as (before, crossing):
+                    with before:
+                        tile(a.unmasked)
+                    with crossing:
+                        tile(a.score)
+                return inner
+            cg.loop(i64(0), count, 1, [], row_block)
+            return carried
+        cg.loop(i64(0), bound, a.block_keys, [], key_block)
+
+        def finish(g, carried):
+            first_row, rows = rows_of(g)
+            for grad, block in zip(self.gradients, sums_of(g), strict=True):
+                for r in range(self.rows):
+                    with b.if_then(b.icmp_signed("<", b.add(first_row, i64(r)), i64(a.tq))):
+                        line = b.add(b.mul(self.entry, i64(a.tq)), rows[r])
+                        self._store_row(block, i64(r * self._tiles(grad.extent) * self.lanes),
+                                        grad, line)
+            return carried
+        cg.loop(i64(0), count, 1, [], finish)
+        cg.pop_scope()
+
+    def _store_deltas(self, first_row, rows) -> None:
+        """D = rowsum(do * o) of `rows` into column 2 of the statistics."""
+        a, b, cg = self.a, self.b, self.cg
         dv_padded = self._tiles(a.dv) * self.lanes
         for r, row in enumerate(rows):
-            line = b.add(b.mul(self.entry, _c(a.tq)), row)
+            line = b.add(b.mul(self.entry, i64(a.tq)), row)
 
             def product(n, carried, line=line):
-                do = b.load(self._pointer(self.do, b.add(b.mul(line, _c(dv_padded)), n)),
+                do = b.load(self._pointer(self.do, b.add(b.mul(line, i64(dv_padded)), n)),
                             typ=self.element)
-                o = b.load(self._pointer(self.o, b.add(b.mul(line, _c(a.dv)), n)),
+                o = b.load(self._pointer(self.o, b.add(b.mul(line, i64(a.dv)), n)),
                            typ=self.element)
                 return [b.fadd(carried[0], b.fmul(do, o))]
             (delta,) = cg.loop(0, a.dv, 1, [self._f(0.0)], product)
-            with b.if_then(b.icmp_signed("<", b.add(first_row, _c(r)), _c(a.tq))):
-                b.store(delta, self._pointer(self.stats, b.add(b.mul(line, _c(3)), _c(2))))
-        stats = self._row_stats(rows)
-        for g, block in zip(self.gradients, self.sums, strict=True):
-            self._zero(self.rows * self._tiles(g.extent), block)
-        valid = [None] * self.rows
-
-        def keys(start, stop, score):
-            def step(j0, carried):
-                self._tile(j0, rows, valid, stats, score)
-                for g, block in zip(self.gradients, self.sums, strict=True):
-                    self._sum_over_keys(g, block, j0)
-                return carried
-            cg.loop(start, stop, a.block_keys, [], step)
-        if a.causal is None:
-            keys(_c(0), _c(a.tk), a.score)
-        else:
-            bound = _smin(b, b.add(rows[-1], _c(a.causal + 1)), _c(a.tk))
-            clean_blocks = b.sdiv(b.add(first_row, _c(a.causal + 1)), _c(a.block_keys))
-            clean = _smin(b, b.mul(clean_blocks, _c(a.block_keys)), bound)
-            keys(_c(0), clean, a.unmasked)
-            keys(clean, bound, a.score)
-        for g, block in zip(self.gradients, self.sums, strict=True):
-            for r in range(self.rows):
-                with b.if_then(b.icmp_signed("<", b.add(first_row, _c(r)), _c(a.tq))):
-                    line = b.add(b.mul(self.entry, _c(a.tq)), rows[r])
-                    self._store_row(block, _c(r * self._tiles(g.extent) * self.lanes), g,
-                                    line)
-        cg.pop_scope()
+            with b.if_then(b.icmp_signed("<", b.add(first_row, i64(r)), i64(a.tq))):
+                b.store(delta, self._pointer(self.stats, b.add(b.mul(line, i64(3)), i64(2))))
 
     def _sum_over_keys(self, g, block, j0) -> None:
         """block[r] += sum over the BK keys of ds[r][key] * operand[j0 + key, :]."""
         a, b, cg = self.a, self.b, self.cg
         tiles = self._tiles(g.extent)
         operand = cg.pointers[g.operand]
-        base = b.mul(b.add(b.mul(self.entry, _c(self.tk_padded)), j0), _c(tiles * self.lanes))
-        slots = [self._pointer(block, _c((r * tiles + t) * self.lanes))
+        base = b.mul(b.add(b.mul(self.entry, i64(self.tk_padded)), j0), i64(tiles * self.lanes))
+        slots = [self._pointer(block, i64((r * tiles + t) * self.lanes))
                  for r in range(self.rows) for t in range(tiles)]
         start = [b.load(slot, typ=self.vector, align=self.bytes) for slot in slots]
 
         def key(index, sums):
-            line = b.add(base, b.mul(index, _c(tiles * self.lanes)))
-            values = [self._load_vector(operand, b.add(line, _c(t * self.lanes)))
+            line = b.add(base, b.mul(index, i64(tiles * self.lanes)))
+            values = [self._load_vector(operand, b.add(line, i64(t * self.lanes)))
                       for t in range(tiles)]
             updated = []
             for r in range(self.rows):
                 weight = self._splat(b.load(self._pointer(
-                    self.weights["ds"], b.add(index, _c(r * a.block_keys))), typ=self.element))
+                    self.weights["ds"], b.add(index, i64(r * a.block_keys))), typ=self.element))
                 updated += [self._fma(weight, values[t], sums[r * tiles + t])
                             for t in range(tiles)]
             return updated
@@ -283,8 +335,8 @@ class _BackwardEmitter(_Emitter):
                                    [self.vector, PTR, I32, mask.type], overload=(self.vector,))
         tiles = self._tiles(g.extent)
         for t in range(tiles):
-            value = self._load_vector(block, self.b.add(first, _c(t * self.lanes)))
-            pointer = self._pointer(out, b.add(b.mul(line, _c(g.extent)), _c(t * self.lanes)))
+            value = self._load_vector(block, self.b.add(first, i64(t * self.lanes)))
+            pointer = self._pointer(out, b.add(b.mul(line, i64(g.extent)), i64(t * self.lanes)))
             if partial and t == tiles - 1:
                 b.call(store, [value, pointer, ir.Constant(I32, self.bytes), mask])
             else:
@@ -299,26 +351,26 @@ class _BackwardEmitter(_Emitter):
     def _key_block_unit(self, unit) -> None:
         a, b, cg = self.a, self.b, self.cg
         cg.push_scope()
-        j0 = b.mul(self._unit(unit, -(-a.tk // a.block_keys)), _c(a.block_keys))
+        j0 = b.mul(self._unit(unit, -(-a.tk // a.block_keys)), i64(a.block_keys))
         for g, block in zip(self.gradients, self.sums, strict=True):
             self._zero(a.block_keys * self._tiles(g.extent), block)
-        row_end = _c(self.blocks * self.rows)
+        row_end = i64(self.blocks * self.rows)
         if a.causal is None:
-            start = clean = _c(0)
+            start = clean = i64(0)
         else:
             # Rows before j0 - c see none of the block; rows from j0 + BK - 1 - c see all.
-            first = b.sub(j0, _c(a.causal))
-            first = b.select(b.icmp_signed("<", first, _c(0)), _c(0), first)
-            start = b.mul(b.sdiv(first, _c(self.rows)), _c(self.rows))
-            whole = b.add(j0, _c(a.block_keys - 1 - a.causal + self.rows - 1))
-            whole = b.select(b.icmp_signed("<", whole, _c(0)), _c(0), whole)
-            clean = _smin(b, b.mul(b.sdiv(whole, _c(self.rows)), _c(self.rows)), row_end)
+            first = b.sub(j0, i64(a.causal))
+            first = b.select(b.icmp_signed("<", first, i64(0)), i64(0), first)
+            start = b.mul(b.sdiv(first, i64(self.rows)), i64(self.rows))
+            whole = b.add(j0, i64(a.block_keys - 1 - a.causal + self.rows - 1))
+            whole = b.select(b.icmp_signed("<", whole, i64(0)), i64(0), whole)
+            clean = smin(b, b.mul(b.sdiv(whole, i64(self.rows)), i64(self.rows)), row_end)
             clean = b.select(b.icmp_signed("<", clean, start), start, clean)
 
         def rows_from(begin, stop, score):
             def step(i0, carried):
-                rows = [_smin(b, b.add(i0, _c(r)), _c(a.tq - 1)) for r in range(self.rows)]
-                valid = [b.icmp_signed("<", b.add(i0, _c(r)), _c(a.tq))
+                rows = [smin(b, b.add(i0, i64(r)), i64(a.tq - 1)) for r in range(self.rows)]
+                valid = [b.icmp_signed("<", b.add(i0, i64(r)), i64(a.tq))
                          if self.blocks * self.rows > a.tq else None for r in range(self.rows)]
                 self._tile(j0, rows, valid, self._row_stats(rows), score)
                 for g, block in zip(self.gradients, self.sums, strict=True):
@@ -336,18 +388,18 @@ class _BackwardEmitter(_Emitter):
         a, b, cg = self.a, self.b, self.cg
         tiles = self._tiles(g.extent)
         operand = cg.pointers[g.operand]
-        lines = [b.mul(b.add(b.mul(self.entry, _c(a.tq)), row), _c(tiles * self.lanes))
+        lines = [b.mul(b.add(b.mul(self.entry, i64(a.tq)), row), i64(tiles * self.lanes))
                  for row in rows]
-        values = [self._load_vector(operand, b.add(lines[r], _c(t * self.lanes)))
+        values = [self._load_vector(operand, b.add(lines[r], i64(t * self.lanes)))
                   for r in range(self.rows) for t in range(tiles)]
 
         def key(index, carried):
             weights = [self._splat(b.load(self._pointer(
-                self.weights[g.weight], b.add(index, _c(r * a.block_keys))), typ=self.element))
+                self.weights[g.weight], b.add(index, i64(r * a.block_keys))), typ=self.element))
                 for r in range(self.rows)]
             for t in range(tiles):
-                slot = self._pointer(block, b.add(b.mul(index, _c(tiles * self.lanes)),
-                                                  _c(t * self.lanes)))
+                slot = self._pointer(block, b.add(b.mul(index, i64(tiles * self.lanes)),
+                                                  i64(t * self.lanes)))
                 total = b.load(slot, typ=self.vector, align=self.bytes)
                 for r in range(self.rows):
                     total = self._fma(weights[r], values[r * tiles + t], total)
@@ -358,23 +410,23 @@ class _BackwardEmitter(_Emitter):
     def _store_keys(self, g, block, j0) -> None:
         a, b, cg = self.a, self.b, self.cg
         tiles = self._tiles(g.extent)
-        count = _smin(b, _c(a.block_keys), b.sub(_c(a.tk), j0))
+        count = smin(b, i64(a.block_keys), b.sub(i64(a.tk), j0))
 
         def key(index, carried):
-            slot = b.mul(index, _c(tiles))
+            slot = b.mul(index, i64(tiles))
             if not g.transposed:
-                line = b.add(b.mul(self.entry, _c(a.tk)), b.add(j0, index))
-                self._store_row(block, b.mul(slot, _c(self.lanes)), g, line)
+                line = b.add(b.mul(self.entry, i64(a.tk)), b.add(j0, index))
+                self._store_row(block, b.mul(slot, i64(self.lanes)), g, line)
                 return carried
             out = cg.pointers[g.out]
 
             def column(n, inner):
-                value = b.load(self._pointer(block, b.add(b.mul(slot, _c(self.lanes)), n)),
+                value = b.load(self._pointer(block, b.add(b.mul(slot, i64(self.lanes)), n)),
                                typ=self.element)
-                target = b.add(b.mul(b.add(b.mul(self.entry, _c(g.extent)), n), _c(a.tk)),
+                target = b.add(b.mul(b.add(b.mul(self.entry, i64(g.extent)), n), i64(a.tk)),
                                b.add(j0, index))
                 b.store(value, self._pointer(out, target))
                 return inner
             cg.loop(0, g.extent, 1, [], column)
             return carried
-        cg.loop(_c(0), count, 1, [], key)
+        cg.loop(i64(0), count, 1, [], key)

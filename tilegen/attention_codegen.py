@@ -49,16 +49,17 @@ def emit_attention(cg, att: L.Attention) -> None:
     blocks = -(-att.tq // att.block_rows)
     units = math.prod(att.batch_extents) * -(-blocks // group_blocks(att))
     if att.threads > 1 and units >= 2:
-        cg.parallel(units, att.threads, lambda child, lo, hi: _Emitter(child, att).run(lo, hi))
+        cg.parallel(units, att.threads,
+                    lambda child, lo, hi: AttentionEmitter(child, att).run(lo, hi))
     else:
-        _Emitter(cg, att).run(ir.Constant(I64, 0), ir.Constant(I64, units))
+        AttentionEmitter(cg, att).run(ir.Constant(I64, 0), ir.Constant(I64, units))
 
 
-def _c(value: int) -> ir.Constant:
+def i64(value: int) -> ir.Constant:
     return ir.Constant(I64, value)
 
 
-class _Emitter:
+class AttentionEmitter:
     def __init__(self, cg, att: L.Attention):
         self.cg, self.a, self.b = cg, att, cg.b
         self.lanes = cg.target.lanes(att.dtype)
@@ -149,7 +150,7 @@ class _Emitter:
         cg.loop(lo, hi, 1, [], unit)
 
     def _stack(self, elements: int, name: str):
-        block = self.b.alloca(self.element, size=_c(elements), name=name)
+        block = self.b.alloca(self.element, size=i64(elements), name=name)
         block.align = 64
         block.type = PTR
         return block
@@ -161,27 +162,27 @@ class _Emitter:
         accumulator rows in memory between key blocks."""
         a, b, cg = self.a, self.b, self.cg
         supers = -(-self.blocks // self.group)
-        entry = b.sdiv(unit, _c(supers))
-        position = b.srem(unit, _c(supers))
+        entry = b.sdiv(unit, i64(supers))
+        position = b.srem(unit, i64(supers))
         # Zigzag: positions 0, 1, 2, 3 ... take groups 0, n-1, 1, n-2 ..., so a thread's
         # contiguous share of a causal problem has as many long rows as short ones.
-        half = b.sdiv(position, _c(2))
-        odd = b.icmp_signed("!=", b.srem(position, _c(2)), _c(0))
-        group = b.select(odd, b.sub(_c(supers - 1), half), half)
-        first_block = b.mul(group, _c(self.group))
-        count = _smin(b, _c(self.group), b.sub(_c(self.blocks), first_block))
+        half = b.sdiv(position, i64(2))
+        odd = b.icmp_signed("!=", b.srem(position, i64(2)), i64(0))
+        group = b.select(odd, b.sub(i64(supers - 1), half), half)
+        first_block = b.mul(group, i64(self.group))
+        count = smin(b, i64(self.group), b.sub(i64(self.blocks), first_block))
         cg.push_scope()
         remainder = entry
         for var, extent in reversed(list(zip(a.batch, a.batch_extents, strict=True))):
-            cg.env[-1][var.name] = _val(b.srem(remainder, _c(extent)))
-            remainder = b.sdiv(remainder, _c(extent))
+            cg.env[-1][var.name] = _val(b.srem(remainder, i64(extent)))
+            remainder = b.sdiv(remainder, i64(extent))
         self.entry = entry
         zero = ir.Constant(self.vector, None)
         slots = self.group * self.rows * self.dv_tiles
 
         def clear(slot, carried):
             self._store_vector(zero, self._pointer(self.all_accumulators,
-                                                   b.mul(slot, _c(self.lanes))))
+                                                   b.mul(slot, i64(self.lanes))))
             return carried
         cg.loop(0, slots, 1, [], clear)
 
@@ -190,10 +191,10 @@ class _Emitter:
             b.store(self._f(0.0), self._pointer(self.totals, row))
             return carried
         cg.loop(0, self.group * self.rows, 1, [], start)
-        last_row = _smin(b, b.sub(b.mul(b.add(first_block, count), _c(self.rows)), _c(1)),
-                         _c(a.tq - 1))
-        bound = _c(a.tk) if a.causal is None else \
-            _smin(b, b.add(last_row, _c(a.causal + 1)), _c(a.tk))
+        last_row = smin(b, b.sub(b.mul(b.add(first_block, count), i64(self.rows)), i64(1)),
+                         i64(a.tq - 1))
+        bound = i64(a.tk) if a.causal is None else \
+            smin(b, b.add(last_row, i64(a.causal + 1)), i64(a.tk))
 
         def key_block(j0, carried):
             def row_block(g, inner):
@@ -203,9 +204,9 @@ class _Emitter:
                     return inner
                 # Keys past a row block's last diagonal are masked for all its rows: not
                 # visited. Blocks wholly before its first row's diagonal have no masked key.
-                own_bound = _smin(b, b.add(self.row_index[-1], _c(a.causal + 1)), _c(a.tk))
-                clean_blocks = b.sdiv(b.add(first_row, _c(a.causal + 1)), _c(a.block_keys))
-                clean = _smin(b, b.mul(clean_blocks, _c(a.block_keys)), own_bound)
+                own_bound = smin(b, b.add(self.row_index[-1], i64(a.causal + 1)), i64(a.tk))
+                clean_blocks = b.sdiv(b.add(first_row, i64(a.causal + 1)), i64(a.block_keys))
+                clean = smin(b, b.mul(clean_blocks, i64(a.block_keys)), own_bound)
                 with b.if_then(b.icmp_signed("<", j0, own_bound)), \
                         b.if_else(b.icmp_signed("<", j0, clean)) as (before, crossing):
                     with before:
@@ -213,32 +214,32 @@ class _Emitter:
                     with crossing:
                         self._tile(j0, g, a.score)
                 return inner
-            cg.loop(_c(0), count, 1, [], row_block)
+            cg.loop(i64(0), count, 1, [], row_block)
             return carried
-        cg.loop(_c(0), bound, a.block_keys, [], key_block)
+        cg.loop(i64(0), bound, a.block_keys, [], key_block)
 
         def finish(g, carried):
             first_row = self._select_block(first_block, g)
             maxima, totals = self._state(g)
             self._finish(first_row, maxima, totals)
             return carried
-        cg.loop(_c(0), count, 1, [], finish)
+        cg.loop(i64(0), count, 1, [], finish)
         cg.pop_scope()
 
     def _select_block(self, first_block, g):
         """Point the row indices and accumulators at row block first_block + g; its first
         row."""
         b = self.b
-        first_row = b.mul(b.add(first_block, g), _c(self.rows))
-        self.row_index = [_smin(b, b.add(first_row, _c(r)), _c(self.a.tq - 1))
+        first_row = b.mul(b.add(first_block, g), i64(self.rows))
+        self.row_index = [smin(b, b.add(first_row, i64(r)), i64(self.a.tq - 1))
                           for r in range(self.rows)]
         self.accumulators = self._pointer(self.all_accumulators, b.mul(
-            g, _c(self.rows * self.dv_tiles * self.lanes)))
+            g, i64(self.rows * self.dv_tiles * self.lanes)))
         return first_row
 
     def _state(self, g):
         b = self.b
-        rows = [b.add(b.mul(g, _c(self.rows)), _c(r)) for r in range(self.rows)]
+        rows = [b.add(b.mul(g, i64(self.rows)), i64(r)) for r in range(self.rows)]
         return ([b.load(self._pointer(self.maxima, row), typ=self.element) for row in rows],
                 [b.load(self._pointer(self.totals, row), typ=self.element) for row in rows])
 
@@ -246,22 +247,22 @@ class _Emitter:
         maxima, totals = self._state(g)
         updated = self._key_block(j0, maxima + totals, score)
         for r in range(self.rows):
-            row = self.b.add(self.b.mul(g, _c(self.rows)), _c(r))
+            row = self.b.add(self.b.mul(g, i64(self.rows)), i64(r))
             self.b.store(updated[r], self._pointer(self.maxima, row))
             self.b.store(updated[self.rows + r], self._pointer(self.totals, row))
 
     def _key_block(self, j0, carried, score: L.Expr):
         a, b, cg = self.a, self.b, self.cg
         rows, tiles, lanes = self.rows, self.key_tiles, self.lanes
-        q_rows = [b.mul(b.add(b.mul(self.entry, _c(a.tq)), row), _c(a.d_extent))
+        q_rows = [b.mul(b.add(b.mul(self.entry, i64(a.tq)), row), i64(a.d_extent))
                   for row in self.row_index]
         # kt is stored by key blocks: block j0 / BK is the d x BK tile at j0 * d.
-        kt_base = b.add(b.mul(self.entry, _c(a.d_extent * self.tk_padded)),
-                        b.mul(j0, _c(a.d_extent)))
+        kt_base = b.add(b.mul(self.entry, i64(a.d_extent * self.tk_padded)),
+                        b.mul(j0, i64(a.d_extent)))
 
         def dot(d, sums):
-            k_row = b.add(kt_base, b.mul(d, _c(a.block_keys)))
-            keys = [self._load_vector(self.kt, b.add(k_row, _c(c * lanes)))
+            k_row = b.add(kt_base, b.mul(d, i64(a.block_keys)))
+            keys = [self._load_vector(self.kt, b.add(k_row, i64(c * lanes)))
                     for c in range(tiles)]
             updated = []
             for r in range(rows):
@@ -276,7 +277,7 @@ class _Emitter:
         new_max, new_total, scales = [], [], []
         for r in range(rows):
             scores = [self._score(score, sums[r * tiles + c], self.row_index[r],
-                                  b.add(j0, _c(c * lanes))) for c in range(tiles)]
+                                  b.add(j0, i64(c * lanes))) for c in range(tiles)]
             largest = scores[0]
             for s in scores[1:]:
                 largest = self._maxnum(largest, s)
@@ -294,7 +295,7 @@ class _Emitter:
             new_max.append(row_max)
             for c in range(tiles):
                 self._store_vector(exps[c], self._pointer(self.probabilities,
-                                                          _c(r * a.block_keys + c * lanes)))
+                                                          i64(r * a.block_keys + c * lanes)))
             scales.append(self._splat(scale))
         self._accumulate(j0, scales)
         return new_max + new_total
@@ -318,7 +319,7 @@ class _Emitter:
         if self.tk_padded > a.tk:
             keys = self.b.add(self._splat_int(base), ir.Constant(
                 ir.VectorType(I64, self.lanes), list(range(self.lanes))))
-            real = self.b.icmp_signed("<", keys, self._splat_int(_c(a.tk)))
+            real = self.b.icmp_signed("<", keys, self._splat_int(i64(a.tk)))
             value = self.b.select(real, value, self._splat(self._f(-math.inf)))
         return value
 
@@ -331,22 +332,22 @@ class _Emitter:
         that many vectors of one row of v live."""
         a, b, cg = self.a, self.b, self.cg
         dv_padded = self.dv_tiles * self.lanes
-        v_base = b.mul(b.add(b.mul(self.entry, _c(self.tk_padded)), j0), _c(dv_padded))
+        v_base = b.mul(b.add(b.mul(self.entry, i64(self.tk_padded)), j0), i64(dv_padded))
         for first in range(0, self.dv_tiles, COLUMN_TILES):
             tiles = range(first, min(first + COLUMN_TILES, self.dv_tiles))
-            slots = [self._pointer(self.accumulators, _c((r * self.dv_tiles + t) * self.lanes))
+            slots = [self._pointer(self.accumulators, i64((r * self.dv_tiles + t) * self.lanes))
                      for r in range(self.rows) for t in tiles]
             start = [b.fmul(b.load(slot, typ=self.vector, align=self.bytes),
                             scales[n // len(tiles)]) for n, slot in enumerate(slots)]
 
             def key(index, accs, tiles=tiles):
-                row = b.add(v_base, b.mul(index, _c(dv_padded)))
-                values = [self._load_vector(self.v, b.add(row, _c(t * self.lanes)))
+                row = b.add(v_base, b.mul(index, i64(dv_padded)))
+                values = [self._load_vector(self.v, b.add(row, i64(t * self.lanes)))
                           for t in tiles]
                 updated = []
                 for r in range(self.rows):
                     weight = self._splat(b.load(self._pointer(
-                        self.probabilities, b.add(index, _c(r * a.block_keys))),
+                        self.probabilities, b.add(index, i64(r * a.block_keys))),
                         typ=self.element))
                     updated += [self._fma(weight, value, accs[r * len(tiles) + n])
                                 for n, value in enumerate(values)]
@@ -363,19 +364,19 @@ class _Emitter:
         store = cg._intrinsic("llvm.masked.store", None, [self.vector, PTR, I32, mask.type],
                               overload=(self.vector,))
         for r in range(self.rows):
-            row = b.add(first_row, _c(r))
-            with b.if_then(b.icmp_signed("<", row, _c(a.tq))):
+            row = b.add(first_row, i64(r))
+            with b.if_then(b.icmp_signed("<", row, i64(a.tq))):
                 if a.stats is not None:  # for the backward (tilegen/attention_ir.py)
-                    stats_row = b.mul(b.add(b.mul(self.entry, _c(a.tq)), row), _c(3))
+                    stats_row = b.mul(b.add(b.mul(self.entry, i64(a.tq)), row), i64(3))
                     stats = cg.pointers[a.stats]
                     b.store(maxima[r], self._pointer(stats, stats_row))
-                    b.store(totals[r], self._pointer(stats, b.add(stats_row, _c(1))))
+                    b.store(totals[r], self._pointer(stats, b.add(stats_row, i64(1))))
                 inverse = self._splat(b.fdiv(self._f(1.0), totals[r]))
-                out_row = b.mul(b.add(b.mul(self.entry, _c(a.tq)), row), _c(a.dv))
+                out_row = b.mul(b.add(b.mul(self.entry, i64(a.tq)), row), i64(a.dv))
                 for tile in range(self.dv_tiles):
-                    value = b.fmul(self._load_vector(self.accumulators, _c(
+                    value = b.fmul(self._load_vector(self.accumulators, i64(
                         (r * self.dv_tiles + tile) * self.lanes)), inverse)
-                    pointer = self._pointer(self.out, b.add(out_row, _c(tile * self.lanes)))
+                    pointer = self._pointer(self.out, b.add(out_row, i64(tile * self.lanes)))
                     if partial and tile == self.dv_tiles - 1:
                         b.call(store, [value, pointer, ir.Constant(I32, self.bytes), mask])
                     else:
@@ -386,5 +387,5 @@ def _val(value):
     return Val(value, False)
 
 
-def _smin(b, x, y):
+def smin(b, x, y):
     return b.select(b.icmp_signed("<", x, y), x, y)
