@@ -421,7 +421,12 @@ def _emit(ctx, group: _Backward) -> list[L.Stmt]:
     dv_padded = padded_width(target, dtype, dv)
     do_name = attention.padded_copy(ctx, do, "attn_do", (tq, dv), (tq, dv_padded))
     vt_name = attention.key_blocks(ctx, vt, block_keys, tk_padded, "attn_vt")
-    outputs, work = [], 0
+    outputs = []
+    work = 2 * tq * tk * (2 * (d + dv) + sum(g.view.type.concrete_shape[-1]
+                                             for g in group.gradients))
+    for extent in extents:
+        work *= extent
+    threads = ctx.options.num_threads if work >= GEMM_PARALLEL_WORK else 1
     for g in group.gradients:
         rows, padded_rows = (tq, tq) if g.over == "queries" else (tk, tk_padded)
         extent = g.view.type.concrete_shape[-1]
@@ -430,13 +435,13 @@ def _emit(ctx, group: _Backward) -> list[L.Stmt]:
         else:
             operand = attention.padded_copy(ctx, g.view, f"attn_{g.over[0]}", (rows, extent),
                                             (padded_rows, padded_width(target, dtype, extent)))
+        partial = None
+        if g.over == "keys":
+            width = padded_width(target, dtype, extent)
+            partial = ctx.add_buffer("attn_partial", q.type.with_shape(
+                (threads,) + extents + (tq, width)), "temp").name
         outputs.append(AttentionGradient(g.over, g.weight, operand, extent, g.out,
-                                         g.transposed))
-        work += extent
-    work = 2 * tq * tk * (2 * (d + dv) + work)
-    for extent in extents:
-        work *= extent
-    threads = ctx.options.num_threads if work >= GEMM_PARALLEL_WORK else 1
+                                         g.transposed, partial))
     statements.append(AttentionBackward(
         forward.stats, forward.q, forward.kt, do_name, vt_name, forward.out, batch, extents,
         i, j, match.views["s"], views["dx"], tq, tk, d, dv, score, unmasked, dscore, causal,

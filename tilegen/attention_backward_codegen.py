@@ -1,25 +1,28 @@
 """Code generation for `AttentionBackward` (tilegen/attention_ir.py), FlashAttention-2 style:
 
     pass 1, parallel over (batch entry, block of R query rows):
-      D[r] = sum over n of do[row r, n] o[row r, n]           stored into stats[row, 2]
-      for key blocks j0 up to the causal bound:                as the forward
-        P, ds = tile(rows, j0)
-        acc[r] += sum over keys of ds[r][key] z[key, :]        each gradient over keys (dQ)
-      out[row r, :] = acc[r]
-    pass 2, parallel over (batch entry, block of BK keys), after pass 1 (it reads every D):
-      for row blocks i0 from the first row that sees the block (causal):
+      D[r] = sum over n of do[row r, n] o[row r, n]           into stats[row, 2]
+      partial[every thread][row r, :] = 0                      for each gradient over keys
+    pass 2, parallel over (batch entry, block of BK keys):
+      for row blocks from the first row that sees the block (causal):
         P, ds = tile(rows, j0)
         acc[key] += sum over rows of w[r][key] y[row r, :]     each gradient over queries,
                                                                w = P (dV) or ds (dK)
+        partial[this thread][row r, :] += sum over keys of ds[r][key] z[key, :]   (dQ)
       out[key, :] = acc[key]                                   (or out[:, key] transposed)
+    pass 3, parallel over (batch entry, block of R query rows):
+      out[row r, :] = sum over threads of partial[thread][row r, :]
 
     tile: s = q kt (R x BK/W vector accumulators, one broadcast FMA per d, as the forward),
           P = exp(score(s) - m) / l, g = do vt likewise, dx = P (g - D), ds = dscore(dx).
 
-Each pass writes rows (pass 1) or keys (pass 2) that no other unit writes: no races, no
-atomics, at the price of computing the R x BK tiles twice. Padded keys (past tk) and
-padded rows (past tq, pass 2) get P = ds = 0; blocks past the causal diagonal are skipped,
-blocks wholly before it use the unmasked score, exactly as the forward chose its blocks.
+Pass 2 writes keys no other unit writes, and its sums over keys go to the running thread's
+own slice: no races, no atomics, and the scores of each (row, key) pair are computed once.
+The slices are linear in T (threads x tq x width); the result depends on the thread count
+only through the order of that last sum. Padded keys (past tk) and padded rows (past tq)
+get P = ds = 0 (a padded row's partial sums go to scratch); blocks past the causal
+diagonal are skipped, blocks wholly before it use the unmasked score, exactly as the
+forward chose its blocks.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from .attention_codegen import (
     PTR,
     AttentionEmitter,
     emit_attention,
-    group_blocks,
     i64,
     smin,
 )
@@ -54,10 +56,11 @@ def emit_fused_attention(cg, stmt) -> None:
 def emit_attention_backward(cg, att: AttentionBackward) -> None:
     entries = math.prod(att.batch_extents)
     query_blocks = -(-att.tq // att.block_rows)
-    query_groups = -(-query_blocks // group_blocks(att))
     key_blocks = -(-att.tk // att.block_keys)
-    _run(cg, att, entries * query_groups, _BackwardEmitter.query_pass)
+    _run(cg, att, entries * query_blocks, _BackwardEmitter.delta_pass)
     _run(cg, att, entries * key_blocks, _BackwardEmitter.key_pass)
+    if any(g.over == "keys" for g in att.gradients):
+        _run(cg, att, entries * query_blocks, _BackwardEmitter.reduce_pass)
 
 
 def _run(cg, att, units: int, method) -> None:
@@ -84,17 +87,28 @@ class _BackwardEmitter(AttentionEmitter):
     def _tiles(self, extent: int) -> int:
         return -(-extent // self.lanes)
 
-    def _setup(self, over: str):
-        a, cg = self.a, self.cg
+    def _setup(self):
+        a, b, cg = self.a, self.b, self.cg
         self.q, self.kt, self.do, self.vt, self.o, self.stats = (
             cg.pointers[n] for n in (a.q, a.kt, a.do, a.vt, a.o, a.stats))
         self.weights = {w: self._alloca(self.rows * a.block_keys, f"attn.{w}")
                         for w in ("p", "ds")}
-        self.gradients = [g for g in a.gradients if g.over == over]
-        self.group = group_blocks(a)
-        size = self.group * self.rows if over == "keys" else a.block_keys
-        self.sums = [self._alloca(size * self._tiles(g.extent) * self.lanes, "attn.sum")
-                     for g in self.gradients]
+        self.gradients = [g for g in a.gradients if g.over == "queries"]
+        self.sums = [self._alloca(a.block_keys * self._tiles(g.extent) * self.lanes,
+                                  "attn.sum") for g in self.gradients]
+        self.row_gradients = [g for g in a.gradients if g.over == "keys"]
+        widest = max((self._tiles(g.extent) for g in a.gradients), default=1)
+        self.scratch = self._alloca(widest * self.lanes, "attn.scratch")
+        # This thread's slice of the partial sums over keys (one per thread: no races).
+        number = getattr(cg, "thread_number", None)
+        self.slot = i64(0) if number is None else smin(b, number, i64(a.threads - 1))
+
+    def _partial_row(self, g, slot, row):
+        """Where row `row` of thread `slot`'s partial sums of g begins (in elements)."""
+        b, a = self.b, self.a
+        entries = math.prod(a.batch_extents)
+        line = b.add(b.mul(b.add(b.mul(slot, i64(entries)), self.entry), i64(a.tq)), row)
+        return b.mul(line, i64(self._tiles(g.extent) * self.lanes))
 
     def _unit(self, unit, blocks: int):
         """(batch entry, block) of a unit, the batch variables bound; zigzag order, as the
@@ -206,81 +220,68 @@ class _BackwardEmitter(AttentionEmitter):
             value = self.b.select(real, value, zero)
         return value if valid is None else self.b.select(valid, value, zero)
 
-    # ---- pass 1: D and the gradients summed over keys ----------------------------------------
+    # ---- pass 1: D, the partial sums cleared; pass 3: the partial sums added up -----------
 
-    def query_pass(self, lo, hi) -> None:
-        self._setup("keys")
-        self.cg.loop(lo, hi, 1, [], lambda unit, carried: self._query_block(unit) or carried)
+    def _rows(self, unit):
+        block = self._unit(unit, self.blocks)
+        first_row = self.b.mul(block, i64(self.rows))
+        return first_row, [smin(self.b, self.b.add(first_row, i64(r)), i64(self.a.tq - 1))
+                           for r in range(self.rows)]
 
-    def _query_block(self, unit) -> None:
-        """Up to G row blocks, which take each key block in turn (as the forward does, so
-        a key block is streamed once per G R rows; their sums wait on the stack)."""
-        a, b, cg = self.a, self.b, self.cg
-        cg.push_scope()
-        supers = -(-self.blocks // self.group)
-        first_block = b.mul(self._unit(unit, supers), i64(self.group))
-        count = smin(b, i64(self.group), b.sub(i64(self.blocks), first_block))
+    def _each_valid_row(self, first_row, rows, body) -> None:
+        for r, row in enumerate(rows):
+            with self.b.if_then(self.b.icmp_signed("<", self.b.add(first_row, i64(r)),
+                                                   i64(self.a.tq))):
+                body(row)
 
-        def rows_of(g):
-            first_row = b.mul(b.add(first_block, g), i64(self.rows))
-            return first_row, [smin(b, b.add(first_row, i64(r)), i64(a.tq - 1))
-                               for r in range(self.rows)]
+    def delta_pass(self, lo, hi) -> None:
+        self._setup()
 
-        def sums_of(g):
-            return [self._pointer(block, b.mul(g, i64(self.rows * self._tiles(grad.extent) *
-                                                     self.lanes)))
-                    for grad, block in zip(self.gradients, self.sums, strict=True)]
-
-        def prepare(g, carried):
-            first_row, rows = rows_of(g)
+        def unit(index, carried):
+            self.cg.push_scope()
+            first_row, rows = self._rows(index)
             self._store_deltas(first_row, rows)
-            for grad, block in zip(self.gradients, sums_of(g), strict=True):
-                self._zero(self.rows * self._tiles(grad.extent), block)
-            return carried
-        cg.loop(i64(0), count, 1, [], prepare)
-        valid = [None] * self.rows
-        last_row = smin(b, b.sub(b.mul(b.add(first_block, count), i64(self.rows)), i64(1)),
-                         i64(a.tq - 1))
-        bound = i64(a.tk) if a.causal is None else \
-            smin(b, b.add(last_row, i64(a.causal + 1)), i64(a.tk))
+            zero = ir.Constant(self.vector, None)
 
-        def key_block(j0, carried):
-            def row_block(g, inner):
-                first_row, rows = rows_of(g)
-                stats = self._row_stats(rows)
-
-                def tile(score):
-                    self._tile(j0, rows, valid, stats, score)
-                    for grad, block in zip(self.gradients, sums_of(g), strict=True):
-                        self._sum_over_keys(grad, block, j0)
-                if a.causal is None:
-                    tile(a.score)
-                    return inner
-                own_bound = smin(b, b.add(rows[-1], i64(a.causal + 1)), i64(a.tk))
-                clean_blocks = b.sdiv(b.add(first_row, i64(a.causal + 1)), i64(a.block_keys))
-                clean = smin(b, b.mul(clean_blocks, i64(a.block_keys)), own_bound)
-                with b.if_then(b.icmp_signed("<", j0, own_bound)), \
-                        b.if_else(b.icmp_signed("<", j0, clean)) as (before, crossing):
-                    with before:
-                        tile(a.unmasked)
-                    with crossing:
-                        tile(a.score)
-                return inner
-            cg.loop(i64(0), count, 1, [], row_block)
+            def clear(row):
+                for g in self.row_gradients:
+                    for slot in range(self.a.threads):
+                        start = self._partial_row(g, i64(slot), row)
+                        for t in range(self._tiles(g.extent)):
+                            pointer = self._pointer(self.cg.pointers[g.partial],
+                                                    self.b.add(start, i64(t * self.lanes)))
+                            self._store_vector(zero, pointer)
+            self._each_valid_row(first_row, rows, clear)
+            self.cg.pop_scope()
             return carried
-        cg.loop(i64(0), bound, a.block_keys, [], key_block)
+        self.cg.loop(lo, hi, 1, [], unit)
 
-        def finish(g, carried):
-            first_row, rows = rows_of(g)
-            for grad, block in zip(self.gradients, sums_of(g), strict=True):
-                for r in range(self.rows):
-                    with b.if_then(b.icmp_signed("<", b.add(first_row, i64(r)), i64(a.tq))):
-                        line = b.add(b.mul(self.entry, i64(a.tq)), rows[r])
-                        self._store_row(block, i64(r * self._tiles(grad.extent) * self.lanes),
-                                        grad, line)
+    def reduce_pass(self, lo, hi) -> None:
+        self._setup()
+        line_sums = self._alloca(max(self._tiles(g.extent) for g in self.row_gradients) *
+                                 self.lanes, "attn.row")
+
+        def unit(index, carried):
+            self.cg.push_scope()
+            first_row, rows = self._rows(index)
+
+            def add_up(row):
+                b = self.b
+                for g in self.row_gradients:
+                    partial = self.cg.pointers[g.partial]
+                    for t in range(self._tiles(g.extent)):
+                        total = None
+                        for slot in range(self.a.threads):
+                            start = self._partial_row(g, i64(slot), row)
+                            value = self._load_vector(partial, b.add(start, i64(t * self.lanes)))
+                            total = value if total is None else b.fadd(total, value)
+                        self._store_vector(total, self._pointer(line_sums, i64(t * self.lanes)))
+                    line = b.add(b.mul(self.entry, i64(self.a.tq)), row)
+                    self._store_row(line_sums, i64(0), g, line)
+            self._each_valid_row(first_row, rows, add_up)
+            self.cg.pop_scope()
             return carried
-        cg.loop(i64(0), count, 1, [], finish)
-        cg.pop_scope()
+        self.cg.loop(lo, hi, 1, [], unit)
 
     def _store_deltas(self, first_row, rows) -> None:
         """D = rowsum(do * o) of `rows` into column 2 of the statistics."""
@@ -299,14 +300,22 @@ class _BackwardEmitter(AttentionEmitter):
             with b.if_then(b.icmp_signed("<", b.add(first_row, i64(r)), i64(a.tq))):
                 b.store(delta, self._pointer(self.stats, b.add(b.mul(line, i64(3)), i64(2))))
 
-    def _sum_over_keys(self, g, block, j0) -> None:
-        """block[r] += sum over the BK keys of ds[r][key] * operand[j0 + key, :]."""
+    def _sum_over_keys(self, g, rows, valid_rows, j0) -> None:
+        """partial[row r] += sum over the BK keys of ds[r][key] * operand[j0 + key, :], in
+        this thread's slice."""
         a, b, cg = self.a, self.b, self.cg
         tiles = self._tiles(g.extent)
-        operand = cg.pointers[g.operand]
+        operand, partial = cg.pointers[g.operand], cg.pointers[g.partial]
         base = b.mul(b.add(b.mul(self.entry, i64(self.tk_padded)), j0), i64(tiles * self.lanes))
-        slots = [self._pointer(block, i64((r * tiles + t) * self.lanes))
-                 for r in range(self.rows) for t in range(tiles)]
+        slots = []
+        for row, valid in zip(rows, valid_rows, strict=True):
+            start = self._partial_row(g, self.slot, row)
+            for t in range(tiles):
+                slot = self._pointer(partial, b.add(start, i64(t * self.lanes)))
+                if valid is not None:  # a padded row (clamped to the last) adds into scratch
+                    slot = b.select(valid, slot, self._pointer(self.scratch,
+                                                               i64(t * self.lanes)))
+                slots.append(slot)
         start = [b.load(slot, typ=self.vector, align=self.bytes) for slot in slots]
 
         def key(index, sums):
@@ -345,7 +354,7 @@ class _BackwardEmitter(AttentionEmitter):
     # ---- pass 2: the gradients summed over queries -------------------------------------------
 
     def key_pass(self, lo, hi) -> None:
-        self._setup("queries")
+        self._setup()
         self.cg.loop(lo, hi, 1, [], lambda unit, carried: self._key_block_unit(unit) or carried)
 
     def _key_block_unit(self, unit) -> None:
@@ -375,6 +384,8 @@ class _BackwardEmitter(AttentionEmitter):
                 self._tile(j0, rows, valid, self._row_stats(rows), score)
                 for g, block in zip(self.gradients, self.sums, strict=True):
                     self._sum_over_queries(g, block, rows)
+                for g in self.row_gradients:
+                    self._sum_over_keys(g, rows, valid, j0)
                 return carried
             cg.loop(begin, stop, self.rows, [], step)
         rows_from(start, clean, a.score)

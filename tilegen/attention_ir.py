@@ -11,8 +11,9 @@ With P = softmax(score) as the forward computed it and G the score cotangent's s
 
 and each `AttentionGradient` is a product with P or ds that the statement writes: summed
 over queries (out[key, n] = sum_i w[i, key] operand[i, n]: dK, dV) or over keys
-(out[query, n] = sum_j w[query, j] operand[j, n]: dQ). m and l come from the forward's
-`stats` buffer (an `Attention` with `stats=`); D is written into its third column.
+(out[query, n] = sum_j w[query, j] operand[j, n]: dQ, through per-thread `partial` sums).
+m and l come from the forward's `stats` buffer (an `Attention` with `stats=`); D is
+written into its third column.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class AttentionGradient:
     extent: int
     out: str             # [batch..., rows, extent], or [batch..., extent, rows] transposed
     transposed: bool = False
+    # over keys: [threads, batch..., tq, extent padded], each thread's partial sums (the
+    # pass over key blocks adds into its own slice, a last pass adds the slices up)
+    partial: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,10 +71,13 @@ class AttentionBackward(L.FusedStmt):
         loads = {e.buffer for expr in self.expressions()
                  for e in L.subexpressions(expr) if isinstance(e, L.Load)}
         return loads | {self.stats, self.q, self.kt, self.do, self.vt, self.o} | \
-            {g.operand for g in self.gradients}
+            {g.operand for g in self.gradients} | self._partials()
 
     def writes(self) -> set[str]:
-        return {self.stats} | {g.out for g in self.gradients}
+        return {self.stats} | {g.out for g in self.gradients} | self._partials()
+
+    def _partials(self) -> set[str]:
+        return {g.partial for g in self.gradients if g.partial is not None}
 
     def work(self) -> int:
         # Both passes recompute the scores and g; then one product per gradient.
@@ -93,7 +100,8 @@ class AttentionBackward(L.FusedStmt):
                  f"{pad}  dscore {self.dscore}"]
         for g in self.gradients:
             lines.append(f"{pad}  gradient {g.over} {g.weight} {g.operand}[{g.extent}] into "
-                         f"{g.out}" + (" transposed" if g.transposed else ""))
+                         f"{g.out}" + (" transposed" if g.transposed else "") +
+                         (f" via {g.partial}" if g.partial else ""))
         lines.append(f"{pad}  blocks rows={self.block_rows} keys={self.block_keys} "
                      f"causal={causal} threads={self.threads}")
         return lines
@@ -149,7 +157,12 @@ def parse_attention_backward(p) -> AttentionBackward:
         transposed = p.peek() == "transposed"
         if transposed:
             p.take()
-        gradients.append(AttentionGradient(over, weight, operand, extent, out, transposed))
+        partial = None
+        if p.peek() == "via":
+            p.take()
+            partial = p.take()
+        gradients.append(AttentionGradient(over, weight, operand, extent, out, transposed,
+                                           partial))
     fields = {}
     p.take("blocks")
     for key in ("rows", "keys", "causal", "threads"):
@@ -210,6 +223,15 @@ def verify_attention_backward(v, att: AttentionBackward) -> None:
         if L.value_type(out.dtype) != att.dtype or \
                 L.value_type(v.access(g.operand, None).dtype) != att.dtype:
             raise v.fail(f"attention gradient {g.out!r} is not {att.dtype}")
+        if (g.partial is None) != (g.over == "queries"):
+            raise v.fail(f"attention gradient {g.out!r}: partial sums are for sums over keys")
+        if g.partial is not None:
+            partial = v.access(g.partial, None)
+            if partial.role == L.BufferRole.INPUT or \
+                    partial.shape[:-1] != (att.threads,) + batch + (att.tq,) or \
+                    partial.shape[-1] != v.access(g.operand, None).shape[-1]:
+                raise v.fail(f"attention partial sums {g.partial!r} of shape "
+                             f"{list(partial.shape)} are not [threads, batch..., tq, width]")
     indices = {**{x.name: (L.I64, e) for x, e in zip(att.batch, batch, strict=True)},
                att.i.name: (L.I64, att.tq), att.j.name: (L.I64, att.tk)}
     if len(indices) != len(batch) + 2 or {att.s.name, att.dx.name} & set(indices):
