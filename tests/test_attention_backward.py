@@ -350,3 +350,68 @@ def test_a_statement_for_other_vector_widths_is_refused(fused, monkeypatch, tmp_
     arrays = [np.zeros((1, 2, 70, 10)) for _ in range(4)]
     with pytest.raises(KinaError, match="other vector widths"):
         compile_file(str(path), target="x86-64-v3").grads(*arrays)
+
+
+def test_two_layers(fused):
+    # The second layer's queries, keys and values are the first layer's output: two
+    # backward statements, the first layer's cotangent built from all three gradients of
+    # the second.
+    source = """
+    const T = 75;
+    const D = 10;
+    fn attn(q: Tensor[F64, [2, T, D], @host], k: Tensor[F64, [2, T, D], @host],
+            v: Tensor[F64, [2, T, D], @host]) -> Tensor[F64, [2, T, D], @host] {
+      let keys = iota(shape=[2, T, T], axis=2);
+      let queries = iota(shape=[2, T, T], axis=1);
+      let s = q @ transpose(k, [0, 2, 1]) * 0.4;
+      return softmax(where(greater(keys, queries), -1e9, s), axis=2) @ v;
+    }
+    fn loss(q: Tensor[F64, [2, T, D], @host], k: Tensor[F64, [2, T, D], @host],
+            v: Tensor[F64, [2, T, D], @host], w: Tensor[F64, [2, T, D], @host])
+        -> Tensor[F64, [], @host] {
+      let o = attn(q, k, v);
+      return sum(sum(sum(attn(o, o, o) * w, axis=2), axis=1), axis=0);
+    }
+    fn grads(q: Tensor[F64, [2, T, D], @host], k: Tensor[F64, [2, T, D], @host],
+             v: Tensor[F64, [2, T, D], @host], w: Tensor[F64, [2, T, D], @host])
+        -> (Tensor[F64, [2, T, D], @host], Tensor[F64, [2, T, D], @host],
+            Tensor[F64, [2, T, D], @host]) {
+      let (y, gq, gk, gv) = reverseMode(loss, wrt=[q, k, v])(q, k, v, w);
+      return (gq, gk, gv);
+    }
+    """
+    assert sum(isinstance(s, AttentionBackward) for s in _kernel(source).body) == 2
+    rng = np.random.default_rng(12)
+    arrays = [rng.standard_normal((2, 75, 10)) for _ in range(4)]
+    got = compile_program(program_from_text(source)).grads(*arrays)
+    q, k, v = (torch.from_numpy(a).requires_grad_() for a in arrays[:3])
+    o = SDPA(q, k, v, is_causal=True, scale=0.4)
+    (SDPA(o, o, o, is_causal=True, scale=0.4) * torch.from_numpy(arrays[3])).sum().backward()
+    for name, mine, tensor in zip("qkv", got, (q, k, v), strict=True):
+        np.testing.assert_allclose(mine, tensor.grad.numpy(), rtol=1e-9, atol=1e-11,
+                                   err_msg=f"d{name}")
+
+
+def test_probabilities_as_their_own_factor_are_not_fused(fused):
+    # p @ p: p is its own factor, and its cotangent a sum of two products: the ops lower
+    # unfused, and correctly.
+    source = """
+    fn f(q: Tensor[F64, [2, 70, 70], @host], k: Tensor[F64, [2, 70, 70], @host])
+        -> Tensor[F64, [], @host] {
+      let p = softmax(q @ transpose(k, [0, 2, 1]), axis=2);
+      return sum(sum(sum(p @ p, axis=2), axis=1), axis=0);
+    }
+    fn grads(q: Tensor[F64, [2, 70, 70], @host], k: Tensor[F64, [2, 70, 70], @host])
+        -> Tensor[F64, [2, 70, 70], @host] {
+      let (y, gq) = reverseMode(f, wrt=[q])(q, k);
+      return gq;
+    }
+    """
+    assert not any(isinstance(s, AttentionBackward) for s in _kernel(source).body)
+    rng = np.random.default_rng(13)
+    arrays = [rng.standard_normal((2, 70, 70)) * 0.3 for _ in range(2)]
+    got = compile_program(program_from_text(source)).grads(*arrays)
+    q, k = (torch.from_numpy(a).requires_grad_() for a in arrays)
+    p = torch.softmax(q @ k.transpose(1, 2), dim=2)
+    (p @ p).sum().backward()
+    np.testing.assert_allclose(got, q.grad.numpy(), rtol=1e-9, atol=1e-11)

@@ -171,6 +171,13 @@ class _Graph:
             return None
         if not self.acyclic(ops, [gr.result for gr in gradients], function):
             return None
+        # The operands the statement reads (q, kt, v, do, vt, the gradients' factors) must
+        # be values of their own, not ones the fusion absorbs (matmul(p, p), say).
+        inside = {op.result.name for op in ops}
+        factors = [self.defs[gr.result].operands[gr.operand] for gr in gradients]
+        if any(v.name in inside for v in [*scores.operands, *dp.operands, *factors,
+                                          *(forward.operands[1:] if forward else ())]):
+            return None
         saves = False
         if forward is not None:
             order = {op.result.name: n for n, op in enumerate(function.body)}
