@@ -35,13 +35,17 @@ PTR = ir.PointerType()
 ELEMENT = {L.F32: ir.FloatType(), L.F64: ir.DoubleType()}
 COLUMN_TILES = 2  # value column tiles accumulated together (see _accumulate)
 GROUP_BLOCKS = 16  # row blocks of one unit, which take each key block in turn (see _block)
+GROUP_STACK_BYTES = 64 << 10  # at most this much of a thread's stack for their accumulators
 
 
 def group_blocks(att) -> int:
-    """Row blocks per unit: up to GROUP_BLOCKS, while leaving 4 units per thread."""
+    """Row blocks per unit: up to GROUP_BLOCKS, while leaving 4 units per thread and
+    keeping their accumulator rows within GROUP_STACK_BYTES (wide heads: fewer)."""
     blocks = -(-att.tq // att.block_rows)
     units = math.prod(att.batch_extents) * blocks
-    return max(1, min(GROUP_BLOCKS, blocks, units // (4 * att.threads)))
+    row_bytes = -(-att.dv // 16) * 16 * L.ELEMENT_BYTES[att.dtype]  # padding's upper bound
+    fitting = GROUP_STACK_BYTES // (att.block_rows * row_bytes)
+    return max(1, min(GROUP_BLOCKS, blocks, units // (4 * att.threads), fitting))
 
 
 def emit_attention(cg, att: L.Attention) -> None:
