@@ -18,8 +18,9 @@ names, wherever it appears:
 Every use of p, g and the values between must be one of these; anything else (p returned,
 the scores read by another op) leaves the ops to the unfused lowering. rowsum(g p) is
 rowsum(do (p vtᵀ)), so the forward pass that produces the row statistics also gives it:
-when `o` exists and vt is `transpose(v)`, the forward `Attention` statement of `o` saves
-them (`stats=`); otherwise the backward runs such a pass of its own first.
+when `o` exists (before the gradients) its forward `Attention` statement saves them
+(`stats=`), and the backward uses them if that v reads what vtᵀ reads; otherwise the
+backward runs such a pass of its own first.
 
 The statement is emitted where the last gradient is computed; consumers of earlier
 gradients are moved after it (`fuse` reorders the body, which is legal because no input of
@@ -28,6 +29,7 @@ the group depends on a gradient: checked, else no fusion).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from kina_frontend.ops import REGISTRY
@@ -78,8 +80,10 @@ def fuse(function: Function, options) -> tuple[Function, dict]:
 
 
 def find_backward(function: Function, mode: str = "auto") -> list[_Backward]:
-    if mode == "never":
-        return []
+    """The attention backward patterns of `function` (module docstring); `mode` is the
+    TILEGEN_FUSED_ATTENTION setting."""
+    if mode == "never" or any(len(op.results) != 1 for op in function.body):
+        return []  # (lowering reports an op of several results itself)
     defs = {r.name: op for op in function.body for r in op.results}
     users: dict[str, list[tuple[Operation, int]]] = {}
     for op in function.body:
@@ -169,7 +173,7 @@ class _Graph:
         if any(v.type.dtype != dtype for op in (scores, dp, forward) if op is not None
                for v in op.operands):
             return None
-        if not self.acyclic(ops, [gr.result for gr in gradients], function):
+        if not self.acyclic(ops, [gr.result for gr in gradients]):
             return None
         # The operands the statement reads (q, kt, v, do, vt, the gradients' factors) must
         # be values of their own, not ones the fusion absorbs (matmul(p, p), say).
@@ -250,7 +254,7 @@ class _Graph:
         (op, _), = self.users[value.name]
         return op
 
-    def acyclic(self, ops: list[Operation], outputs: list[str], function: Function) -> bool:
+    def acyclic(self, ops: list[Operation], outputs: list[str]) -> bool:
         """No input of the group's ops depends on one of its gradients."""
         inside = {op.result.name for op in ops}
         downstream, frontier = set(), list(outputs)
@@ -273,10 +277,7 @@ def _other(op: Operation, value):
 
 
 def _elements(ttype) -> int:
-    total = 1
-    for extent in ttype.concrete_shape:
-        total *= extent
-    return total
+    return math.prod(ttype.concrete_shape)
 
 
 def _swaps_last(perm, rank: int) -> bool:
