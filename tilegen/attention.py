@@ -51,13 +51,12 @@ CHAIN_OPS = {"add": (0, 1), "sub": (0, 1), "mul": (0, 1), "div": (0, 1), "neg": 
 AUTO_MIN_SCORES = 64 * 64
 # A masking constant at most this makes the mask one whose keys may be skipped.
 MASKED_AT_MOST = -1e6
-LANES = {L.F32: 16, L.F64: 8}
 BLOCK_ROWS = 4
 MAX_KEY_TILES = 4  # key block = up to this many vector tiles
 
 
 @dataclass
-class _Match:
+class Match:
     scores: str
     softmax: str
     out: str
@@ -65,7 +64,7 @@ class _Match:
     views: dict = field(default_factory=dict)
 
 
-def find_attention(function: Function, mode: str = "auto") -> list[_Match]:
+def find_attention(function: Function, mode: str = "auto") -> list[Match]:
     """The attention patterns of `function` (see the module docstring); `mode` is the
     TILEGEN_FUSED_ATTENTION setting: auto, always or never."""
     if mode == "never":
@@ -81,20 +80,6 @@ def find_attention(function: Function, mode: str = "auto") -> list[_Match]:
     def single(value) -> bool:
         return uses.get(value.name, 0) == 1
 
-    def scores_matmul(value, chain: list, depth=0) -> Operation | None:
-        op = defs.get(value.name)
-        if op is None or not single(value) or depth > 32:
-            return None
-        if op.op == "matmul":
-            return op
-        for position in CHAIN_OPS.get(op.op, ()):
-            if position < len(op.operands):
-                found = scores_matmul(op.operands[position], chain, depth + 1)
-                if found is not None:
-                    chain.append(value.name)
-                    return found
-        return None
-
     matches = []
     for op in function.body:
         if op.op != "matmul" or op.result.type.dtype not in (DType.F32, DType.F64):
@@ -106,16 +91,34 @@ def find_attention(function: Function, mode: str = "auto") -> list[_Match]:
                 or not single(probabilities):
             continue
         chain: list[str] = []
-        scores = scores_matmul(softmax.operands[0], chain)
+        scores = score_chain(softmax.operands[0], defs, single, chain)
         if scores is None or scores.result.type.shape != probabilities.type.shape or \
                 any(v.type.dtype != op.result.type.dtype for v in scores.operands + op.operands):
             continue  # (a BF16 matmul's F32 result, say)
         tq, tk = probabilities.type.concrete_shape[-2:]
         if mode == "auto" and tq * tk < AUTO_MIN_SCORES:
             continue
-        matches.append(_Match(scores.result.name, softmax.result.name, op.result.name,
+        matches.append(Match(scores.result.name, softmax.result.name, op.result.name,
                               tuple(chain)))
     return matches
+
+
+def score_chain(value, defs: dict, single, chain: list, depth: int = 0) -> Operation | None:
+    """The matmul whose product `value` is, through single-use elementwise ops (CHAIN_OPS,
+    carrying the scores in one of their carrying positions), or None; the values between
+    are appended to `chain`, the matmul's side first."""
+    op = defs.get(value.name)
+    if op is None or not single(value) or depth > 32:
+        return None
+    if op.op == "matmul":
+        return op
+    for position in CHAIN_OPS.get(op.op, ()):
+        if position < len(op.operands):
+            found = score_chain(op.operands[position], defs, single, chain, depth + 1)
+            if found is not None:
+                chain.append(value.name)
+                return found
+    return None
 
 
 def lowering_hooks(function: Function, options) -> dict:
@@ -130,13 +133,13 @@ def lowering_hooks(function: Function, options) -> dict:
     for match in find_attention(function, options.fused_attention):
         for name in match.chain:
             hooks[name] = REGISTRY[defs[name].op].lower
-        hooks[match.scores] = _scores_rule(match)
-        hooks[match.softmax] = _softmax_rule(match)
+        hooks[match.scores] = scores_rule(match)
+        hooks[match.softmax] = softmax_rule(match)
         hooks[match.out] = _out_rule(match)
     return hooks
 
 
-def _scores_rule(match: _Match):
+def scores_rule(match: Match):
     def rule(ctx, op, operands):
         match.views["q"], match.views["kt"] = operands
         dtype = L.value_type(op.result.type.dtype.value)
@@ -146,7 +149,7 @@ def _scores_rule(match: _Match):
     return rule
 
 
-def _softmax_rule(match: _Match):
+def softmax_rule(match: Match):
     def rule(ctx, op, operands):
         match.views["x"] = operands[0]
 
@@ -156,37 +159,52 @@ def _softmax_rule(match: _Match):
     return rule
 
 
-def _out_rule(match: _Match):
+def _out_rule(match: Match):
     def rule(ctx, op, operands):
         match.views["v"] = operands[1]
-        return L.BufferWriter(op.result.type, lambda ctx, out: [_emit(ctx, match, out)])
+        return L.BufferWriter(op.result.type, lambda ctx, out: [emit_forward(ctx, match, out)])
     return rule
 
 
-def _emit(ctx, match: _Match, out: str) -> L.Attention:
+def emit_forward(ctx, match: Match, out: str, stats: str | None = None) -> L.Attention:
     q, kt, v, x = (match.views[k] for k in ("q", "kt", "v", "x"))
     extents = q.type.concrete_shape[:-2]
     tq, d = q.type.concrete_shape[-2:]
     tk, dv = kt.type.concrete_shape[-1], v.type.concrete_shape[-1]
     dtype = L.value_type(q.type.dtype.value)
-    lanes = LANES[dtype]
-    block_keys = lanes * min(MAX_KEY_TILES, -(-tk // lanes))
+    target = ctx.options.target
+    block_keys = key_block(target, dtype, tk)
     tk_padded = -(-tk // block_keys) * block_keys
-    dv_padded = -(-dv // lanes) * lanes
+    dv_padded = padded_width(target, dtype, dv)
     batch = tuple(ctx.var(e, "b") for e in extents)
     i, j = ctx.var(tq, "i"), ctx.var(tk, "j")
     score = x.at(batch + (i, j))
     causal, unmasked = positional_mask(score, i, j)
     q_name = _identity_buffer(ctx, q) or ctx.materialize(q, "attn_q").buffer
-    kt_name = _key_blocks(ctx, kt, block_keys, tk_padded)
-    v_name = _padded(ctx, v, "attn_v", (tk, dv), (tk_padded, dv_padded))
+    kt_name = key_blocks(ctx, kt, block_keys, tk_padded)
+    v_name = padded_copy(ctx, v, "attn_v", (tk, dv), (tk_padded, dv_padded))
     work = 2 * tq * tk * (d + dv)
     for extent in extents:
         work *= extent
     threads = ctx.options.num_threads if work >= GEMM_PARALLEL_WORK else 1
     return L.Attention(out, q_name, kt_name, v_name, batch, extents, i, j, match.views["s"],
                        tq, tk, d, dv, score, unmasked, causal, dtype, BLOCK_ROWS, block_keys,
-                       threads)
+                       threads, stats)
+
+
+def key_block(target, dtype: str, tk: int) -> int:
+    """Keys per block: up to MAX_KEY_TILES vector tiles of `target`, no more than tk
+    needs, and few enough that the BLOCK_ROWS x tiles score accumulators take at most half
+    the vector registers (16 zmm on AVX-512: 4 tiles of 16; 8 ymm on AVX2: 2 of 8)."""
+    lanes = target.lanes(dtype)
+    tiles = max(1, min(MAX_KEY_TILES, target.vector_registers // (2 * BLOCK_ROWS)))
+    return lanes * min(tiles, -(-tk // lanes))
+
+
+def padded_width(target, dtype: str, extent: int) -> int:
+    """`extent` rounded up to whole vector tiles of `target` (the copies' row width)."""
+    lanes = target.lanes(dtype)
+    return -(-extent // lanes) * lanes
 
 
 def _identity_buffer(ctx, view) -> str | None:
@@ -198,7 +216,7 @@ def _identity_buffer(ctx, view) -> str | None:
         else None
 
 
-def _key_blocks(ctx, kt, block_keys: int, tk_padded: int) -> str:
+def key_blocks(ctx, kt, block_keys: int, tk_padded: int, hint: str = "attn_kt") -> str:
     """kt [batch..., d, tk] stored block by block, [batch..., tk_padded / block_keys, d,
     block_keys], zeros past tk: one key block's d x block_keys tile is contiguous. (Row
     major [d, tk_padded] put a block's d rows a power of two apart at long T, all in one
@@ -206,7 +224,7 @@ def _key_blocks(ctx, kt, block_keys: int, tk_padded: int) -> str:
     extents = kt.type.concrete_shape[:-2]
     d, tk = kt.type.concrete_shape[-2:]
     shape = extents + (tk_padded // block_keys, d, block_keys)
-    buffer = ctx.add_buffer("attn_kt", kt.type.with_shape(shape), "temp")
+    buffer = ctx.add_buffer(hint, kt.type.with_shape(shape), "temp")
     zero = L.Const(0.0, L.value_type(buffer.dtype))
 
     def store(index):
@@ -220,7 +238,7 @@ def _key_blocks(ctx, kt, block_keys: int, tk_padded: int) -> str:
     return buffer.name
 
 
-def _padded(ctx, view, hint: str, shape: tuple[int, int], padded: tuple[int, int]) -> str:
+def padded_copy(ctx, view, hint: str, shape: tuple[int, int], padded: tuple[int, int]) -> str:
     """`view` copied into a temporary whose last two dims are `padded`, zeros beyond
     `shape` (whole vector tiles for the kernel, no masks in its inner loops)."""
     extents = view.type.concrete_shape[:-2]

@@ -53,8 +53,9 @@ class Emitters:
     # the kernel's repeated top-level statements, one function each (tilegen/shared.py):
     # `.emit(position)` calls it, or returns False for a statement to generate inline
     shared: Callable[[KernelCodegen], Any]
-    # a fused attention statement (tilegen/attention_codegen.py)
-    attention: Callable[[KernelCodegen, L.Attention], None]
+    # a fused attention statement, forward or backward (tilegen/attention_codegen.py,
+    # tilegen/attention_backward_codegen.py)
+    attention: Callable[[KernelCodegen, L.Stmt], None]
 
 
 class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
@@ -270,7 +271,7 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
                 self._serial_for(stmt)
         elif isinstance(stmt, L.Gemm):
             self.emitters.gemm(self, stmt)
-        elif isinstance(stmt, L.Attention):
+        elif isinstance(stmt, (L.Attention, L.FusedStmt)):
             self.emitters.attention(self, stmt)
         elif isinstance(stmt, L.Let):
             value = self.expr(stmt.value)

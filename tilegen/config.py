@@ -28,8 +28,10 @@ TILEGEN_VERIFY       1: run the tensor-IR verifier on each prepared function and
                      verifier after lowering and after every schedule pass (tilegen/stages.py;
                      the tests run them always)
 TILEGEN_FUSED_ATTENTION  auto (default): softmax(q k^T ...) @ v runs as one blocked
-                     online-softmax nest (tilegen/attention.py) when a head's score matrix
-                     has at least 64 x 64 elements; always: at any size; never: unfused
+                     online-softmax nest (tilegen/attention.py), and its reverseMode
+                     gradient as one blocked backward (tilegen/attention_backward.py),
+                     when a head's score matrix has at least 64 x 64 elements; always: at
+                     any size; never: unfused
 TILEGEN_TRITON_DISABLE  1: the Triton backend's driver reports itself inactive, so Triton
                      does not pick tilegen (docs/triton.md); read when Triton asks
 

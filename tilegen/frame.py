@@ -117,8 +117,8 @@ def _touched(stmt: L.Stmt) -> set[str]:
         elif isinstance(node, L.Gemm):
             names.add(node.out)
             exprs.extend((node.a_elem, node.b_elem))
-        elif isinstance(node, L.Attention):
-            names |= node.reads() | {node.out}
+        elif isinstance(node, (L.Attention, L.FusedStmt)):
+            names |= node.reads() | node.writes()
     for expr in exprs:
         names.update(e.buffer for e in L.subexpressions(expr) if isinstance(e, L.Load))
     return names

@@ -247,6 +247,23 @@ class Stmt:
     pass
 
 
+class FusedStmt(Stmt):
+    """A top-level statement that is a whole fused nest of its own (the attention backward,
+    tilegen/attention_ir.py): it prints, counts its work and names its buffers itself."""
+
+    def format_lines(self, pad: str) -> list[str]:
+        raise NotImplementedError
+
+    def work(self) -> int:
+        raise NotImplementedError
+
+    def reads(self) -> set[str]:
+        raise NotImplementedError
+
+    def writes(self) -> set[str]:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class For(Stmt):
     var: Var
@@ -311,7 +328,7 @@ class Attention(Stmt):
     at (batch..., i, j) written in terms of `s`, the dot product of row i of `q` with
     column j of `kt`. `q` is [batch..., tq, d_extent], `kt` [batch..., key blocks,
     d_extent, block_keys] and `v` [batch..., tk padded, dv padded] (zero padding, see
-    attention._padded). Blocked with an online softmax; no tq x tk buffer. With `causal`
+    attention.padded_copy). Blocked with an online softmax; no tq x tk buffer. With `causal`
     = c, score is masked (its exp is 0) wherever j > i + c: key blocks past that are
     skipped and only blocks crossing it evaluate `score`, the rest `unmasked`."""
 
@@ -335,11 +352,15 @@ class Attention(Stmt):
     block_rows: int
     block_keys: int
     threads: int = 1
+    stats: str | None = None  # [batch..., tq, 3]: each row's max and sum stored in 0 and 1
 
     def reads(self) -> set[str]:
         loads = {e.buffer for expr in (self.score, self.unmasked)
                  for e in subexpressions(expr) if isinstance(e, Load)}
         return loads | {self.q, self.kt, self.v}
+
+    def writes(self) -> set[str]:
+        return {self.out} | ({self.stats} if self.stats else set())
 
 
 @dataclass(frozen=True)
@@ -591,6 +612,8 @@ def work(stmts) -> int:
         elif isinstance(stmt, Attention):
             total += 2 * stmt.tq * stmt.tk * (stmt.d_extent + stmt.dv) * \
                 _product(stmt.batch_extents)
+        elif isinstance(stmt, FusedStmt):
+            total += stmt.work()
         else:
             total += max(1, expr_cost(stmt.value))
     return total
@@ -660,5 +683,7 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
                 f"{pad}  = softmax[{stmt.j} < {stmt.tk}]({stmt.score}) @ {stmt.v}",
                 f"{pad}  unmasked {stmt.unmasked}",
                 f"{pad}  blocks rows={stmt.block_rows} keys={stmt.block_keys} causal={causal} "
-                f"threads={stmt.threads}"]
+                f"threads={stmt.threads}" + (f" stats={stmt.stats}" if stmt.stats else "")]
+    if isinstance(stmt, FusedStmt):
+        return stmt.format_lines(pad)
     raise TypeError(stmt)

@@ -14,6 +14,7 @@ import re
 
 from kina_frontend.diagnostics import KinaError, Source, Span
 
+from . import attention_ir
 from . import loopir as L
 
 _TOKEN = re.compile(r"""(?:\s|\#[^\n]*)*(?:
@@ -236,6 +237,8 @@ class _Parser:
             return self.gemm()
         if word == "attention":
             return self.attention()
+        if word == "attention_backward":
+            return attention_ir.parse_attention_backward(self)
         buffer = self.take()
         index = self.index_list()
         self.take("=")
@@ -354,10 +357,15 @@ class _Parser:
                 self.take()
             else:
                 fields[key] = self.integer()
+        stats = None
+        if self.peek() == "stats" and self.peek(1) == "=":
+            self.take()
+            self.take()
+            stats = self.take()
         return L.Attention(out, q, kt, v, tuple(var for var, _ in batch),
                            tuple(e for _, e in batch), i, L.Var(j), L.Var(scores, dtype), tq,
                            tk, d_extent, dv, score, unmasked, fields["causal"], dtype,
-                           fields["rows"], fields["keys"], fields["threads"])
+                           fields["rows"], fields["keys"], fields["threads"], stats)
 
     # ---- expressions --------------------------------------------------------------------------
 

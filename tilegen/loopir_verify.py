@@ -33,6 +33,7 @@ from kina_frontend.diagnostics import KinaError, Span
 
 from . import loopir as L
 from .affine import to_affine, value_range
+from .attention_ir import AttentionBackward, verify_attention_backward
 from .dependence import independent
 
 _FLOAT_ONLY_UNARY = {L.UnaryOp.EXP, L.UnaryOp.LOG, L.UnaryOp.SQRT, L.UnaryOp.TANH,
@@ -181,6 +182,10 @@ class _Verifier:
             if self.depth:
                 raise self.fail("attention runs only as a top-level statement of its kernel")
             self.attention(stmt)
+        elif isinstance(stmt, AttentionBackward):
+            if self.depth:
+                raise self.fail("attention backward runs only as a top-level statement")
+            verify_attention_backward(self, stmt)
         else:
             raise self.fail(f"unknown statement {type(stmt).__name__}")
 
@@ -281,6 +286,9 @@ class _Verifier:
             if len(operand.shape) != len(batch) + rank or operand.shape[:len(batch)] != batch:
                 raise self.fail(f"attention operand {name!r} of shape {list(operand.shape)} "
                                 f"does not match the batch {list(batch)}")
+        if att.stats is not None and self.access(att.stats, None).shape != batch + (att.tq, 3):
+            raise self.fail(f"attention statistics {att.stats!r} are not "
+                            f"{list(batch + (att.tq, 3))}")
         if self.access(att.q, None).shape[-2] != att.tq:
             raise self.fail(f"attention query {att.q!r} has not {att.tq} rows")
         if min(att.tq, att.tk, att.d_extent, att.dv, att.block_rows, att.block_keys,

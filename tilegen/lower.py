@@ -18,7 +18,7 @@ from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation
 from kina_frontend.types import DType, TensorType
 
-from . import attention, config, gemm_bf16
+from . import attention_backward, config, gemm_bf16
 from . import gemm as gemm_module
 from . import loopir as L
 from .affine import IndexSimplifier
@@ -242,8 +242,9 @@ def lower_function(function: Function, kernel_name: str | None = None,
     for position, value in enumerate(function.results):
         result_position.setdefault(value.name, position)
     output_buffers: dict[int, L.Buffer] = {}
+    # attention patterns' ops, forward and backward (whose consumers it may reorder)
+    function, fused = attention_backward.fuse(function, ctx.options)
     uses = _use_counts(function)
-    fused = attention.lowering_hooks(function, ctx.options)  # attention patterns' ops
     for op in function.body:
         ctx.current = op
         rule = fused.get(op.results[0].name) if len(op.results) == 1 else None
@@ -267,7 +268,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
             produced.depth = max(produced.depth, operand_depth + 1)
             if produced.depth > MAX_FUSION_DEPTH and result.name not in fused:
                 produced = ctx.materialize(produced, result.name)
-            elif uses.get(result.name, 0) > 1:
+            elif uses.get(result.name, 0) > 1 and result.name not in fused:
                 produced = ctx.reusable(produced, uses[result.name])
         views[result.name] = produced
     ctx.current = None

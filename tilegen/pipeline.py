@@ -25,7 +25,7 @@ from kina_frontend.verify import IRVerifyError, verify_function
 
 from . import config, gemm_bf16  # noqa: F401 (registers the bf16 gemm emitter)
 from . import loopir as L
-from .attention_codegen import emit_attention
+from .attention_backward_codegen import emit_fused_attention
 from .cabi import build_packed_entry
 from .codegen import Emitters, KernelCodegen
 from .config import Config
@@ -56,7 +56,7 @@ SCHEDULE_PASSES = (
 
 # The statements codegen leaves to the modules above it.
 EMITTERS = Emitters(gemm=emit_gemm, parallel=emit_parallel, thread_state=thread_state_global,
-                    shared=SharedStatements, attention=emit_attention)
+                    shared=SharedStatements, attention=emit_fused_attention)
 
 
 @dataclass(frozen=True)

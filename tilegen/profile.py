@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 
-from .loopir import Attention, For, Gemm, Let, Store
+from .loopir import Attention, For, FusedStmt, Gemm, Let, Store
 
 
 def _compiled(function):
@@ -69,6 +69,9 @@ def _headline(stmt) -> str:
         elif isinstance(node, Attention):
             loops.append(f"attention {node.tq}x{node.tk}x{node.d_extent}")
             targets.append(node.out)
+        elif isinstance(node, FusedStmt):
+            loops.append(node.format_lines("")[0].split("[")[0])
+            targets.extend(sorted(node.writes()))
         elif isinstance(node, Let):
             pass
 

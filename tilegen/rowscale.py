@@ -50,8 +50,8 @@ def _defer(stmt: L.Stmt, later: list[L.Stmt], kernel: L.Kernel) -> list[L.Stmt] 
                     or statement.out == buffer:
                 return None
             continue
-        if isinstance(statement, L.Attention):
-            if buffer in statement.reads() or statement.out == buffer:
+        if isinstance(statement, (L.Attention, L.FusedStmt)):
+            if buffer in statement.reads() or buffer in statement.writes():
                 return None
             continue
         if isinstance(statement, L.Store) and statement.buffer == buffer:

@@ -149,7 +149,7 @@ def _schedule_stmt(stmt: L.Stmt, strides, target: Target, in_vector: bool) -> L.
         return replace(stmt, value=_schedule_expr(stmt.value, strides, target, in_vector))
     if isinstance(stmt, L.Store):
         return replace(stmt, value=_schedule_expr(stmt.value, strides, target, in_vector))
-    if isinstance(stmt, (L.Gemm, L.Attention)):
+    if isinstance(stmt, (L.Gemm, L.Attention, L.FusedStmt)):
         return stmt
     raise TypeError(stmt)
 
