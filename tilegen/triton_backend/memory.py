@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from . import fused_loads
 from .elementwise import (
     I1,
     I32,
@@ -83,18 +84,18 @@ def load(e, op) -> None:
     dynamic = stride is None and chunk_width(result.type) >= 4
     # a K loop's operand goes straight into its packed buffer (kloop.py)
     sink = e.load_sinks.get(result.id)
+    if contiguous and sink is None and e.fusion.fusible(e, op):
+        e.env[result.id] = fused_loads.lazy_load(
+            e, op, e.env[pointer.id], e.env[mask.id] if mask is not None else None,
+            e.env[other.id] if other is not None else None)
+        return
     out = sink if sink is not None else e.alloc(result.type)
     addresses = e.env[pointer.id]
     masks = e.env[mask.id] if mask is not None else None
     others = e.env[other.id] if other is not None else None
 
     def vector_load(address, lane_mask, passthru, vector_ty):
-        first = e.b.inttoptr(address, PTR)
-        if lane_mask is None:
-            return e.b.load(first, typ=vector_ty, align=align)
-        function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
-                                vector_ty, [PTR, I32, lane_mask.type, vector_ty])
-        return e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
+        return globals()["vector_load"](e, address, lane_mask, passthru, vector_ty, align)
 
     def gather(chunk, lane_mask, passthru, vector_ty, width):
         if lane_mask is None:
@@ -139,6 +140,16 @@ def load(e, op) -> None:
     else:
         e.chunks(result.type, body)
     e.env[result.id] = out
+
+
+def vector_load(e, address, lane_mask, passthru, vector_ty, align: int) -> ir.Value:
+    """A contiguous vector read from `address`, under `lane_mask` if there is one."""
+    first = e.b.inttoptr(address, PTR)
+    if lane_mask is None:
+        return e.b.load(first, typ=vector_ty, align=align)
+    function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
+                            vector_ty, [PTR, I32, lane_mask.type, vector_ty])
+    return e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
 
 
 def _put(e, out, index, value) -> None:
@@ -235,7 +246,7 @@ def store(e, op) -> None:
     stride = e.strides.get(pointer.id)
     contiguous = stride == align
     dynamic = stride is None and chunk_width(value.type) >= 4
-    addresses, values = e.env[pointer.id], e.env[value.id]
+    addresses = e.env[pointer.id]
     masks = e.env[mask.id] if mask is not None else None
 
     def vector_store(address, lane_mask, data, vector_ty):
@@ -256,7 +267,7 @@ def store(e, op) -> None:
             ir.VoidType(), [vector_ty, pointers.type, I32, lane_mask.type])
         e.b.call(function, [data, pointers, ir.Constant(I32, align), lane_mask])
 
-    def body(index, width):
+    def body(values, index, width):
         vector_ty = ir.VectorType(memory_ty, width)
         lane_mask = e.load_chunk(masks, index, width) if masks is not None else None
         data = _to_memory(e, e.load_chunk(values, index, width), elem)
@@ -277,7 +288,8 @@ def store(e, op) -> None:
         else:
             scatter(chunk, lane_mask, data, vector_ty, width)
 
-    e.chunks(value.type, body)
+    fused_loads.guarded_store(e, op, lambda values: e.chunks(
+        value.type, lambda index, width: body(values, index, width)))
 
 
 def atomic_rmw(e, op) -> None:

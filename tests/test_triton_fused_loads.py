@@ -1,0 +1,114 @@
+"""Loads fused into their reader (fused_loads.py): a contiguous load read by one
+elementwise op, view, reduction or store is read from memory where its reader evaluates it.
+Triton's semantics is that a load reads the whole tile where it stands, so every case where
+a later write could be seen is checked against torch: stores that overwrite, through other
+or shifted addresses, what the same statement or a later one reads; loads used after a
+store, after a loop and inside one; masks on every edge of odd sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import tilegen.triton_backend  # noqa: E402
+
+tilegen.triton_backend.register()
+
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def shifted_update(src_ptr, dst_ptr, n, shift, BLOCK: tl.constexpr):
+    """dst[i] = 2 src[i - shift] + 1 for i in [0, n): one program, one tile."""
+    offsets = tl.arange(0, BLOCK)
+    mask = (offsets < n) & (offsets - shift >= 0) & (offsets - shift < n)
+    x = tl.load(src_ptr + offsets - shift, mask=mask, other=0.0)
+    tl.store(dst_ptr + offsets, x * 2 + 1, mask=offsets < n)
+
+
+@pytest.mark.parametrize("shift", [1, -1, 17, -3, 0])
+@pytest.mark.parametrize("n", [1000, 37])
+def test_store_over_the_tile_a_fused_load_reads(shift, n):
+    """In place through shifted addresses (src and dst the same tensor): a chunk written
+    early must not be seen by a later chunk's read (shift > 0 would read its own output)."""
+    x = torch.randn(n)
+    expected = torch.ones(n)
+    lanes = torch.arange(n)
+    inside = (lanes - shift >= 0) & (lanes - shift < n)
+    expected[inside] = x[(lanes - shift)[inside]] * 2 + 1
+    shifted_update[(1,)](x, x, n, shift, BLOCK=1024)
+    torch.testing.assert_close(x, expected)
+
+
+def test_store_into_an_overlapping_view():
+    """dst is a view of src's storage starting 5 elements later (other tensor arguments,
+    overlapping bytes): the run-time range check takes the stored path."""
+    storage = torch.randn(1100)
+    src, dst = storage[:1000], storage[5:1005]
+    expected = storage.clone()
+    expected[5:1005] = src.clone() * 2 + 1
+    shifted_update[(1,)](src, dst, 1000, 0, BLOCK=1024)
+    torch.testing.assert_close(storage, expected)
+
+
+@triton.jit
+def swap_through_stores(a_ptr, b_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    a = tl.load(a_ptr + offsets, mask=mask)
+    b = tl.load(b_ptr + offsets, mask=mask)
+    tl.store(a_ptr + offsets, b + 1, mask=mask)  # a is read after this store
+    tl.store(b_ptr + offsets, a - 1, mask=mask)
+
+
+def test_load_read_after_a_store_to_its_addresses():
+    a, b = torch.randn(1037), torch.randn(1037)
+    a0, b0 = a.clone(), b.clone()
+    swap_through_stores[(triton.cdiv(1037, 128),)](a, b, 1037, BLOCK=128)
+    torch.testing.assert_close(a, b0 + 1)
+    torch.testing.assert_close(b, a0 - 1)
+
+
+@triton.jit
+def load_across_a_loop(x_ptr, out_ptr, n, trips, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    before = tl.load(x_ptr + offsets, mask=mask) * 3
+    for _ in range(trips):  # each trip changes x; `before` is the value before the loop
+        tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + 1, mask=mask)
+    inside = tl.zeros([BLOCK], dtype=tl.float32)
+    for _ in range(trips):
+        inside += tl.load(x_ptr + offsets, mask=mask, other=0.0)
+        tl.store(x_ptr + offsets, before, mask=mask)
+    tl.store(out_ptr + offsets, before + inside, mask=mask)
+
+
+def test_load_used_after_and_inside_loops_that_store():
+    x = torch.randn(301)
+    x0 = x.clone()
+    out = torch.empty(301)
+    load_across_a_loop[(1,)](x, out, 301, 3, BLOCK=512)
+    before = x0 * 3
+    inside = (x0 + 3) + 2 * before  # the first trip reads x0 + 3, the next two `before`
+    torch.testing.assert_close(out, before + inside)
+    torch.testing.assert_close(x, before)
+
+
+@triton.jit
+def masked_row_sum(x_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=0.0)
+    tl.store(out_ptr + row, tl.sum(x * x, axis=0))
+
+
+def test_fused_load_takes_the_register_path():
+    """A load read only by `x * x` and a reduction is never stored in the frame (the
+    program's frame is smaller than the 1 KB tile), and the sum is right at odd sizes."""
+    x = torch.randn(37, 203)
+    out = torch.empty(37)
+    compiled = masked_row_sum[(37,)](x, out, 203, x.stride(0), BLOCK=256)
+    torch.testing.assert_close(out, (x * x).sum(1), rtol=1e-5, atol=1e-5)
+    assert compiled.metadata.tilegen_frame_bytes < 256 * 4

@@ -1,0 +1,208 @@
+"""Loads fused into their reader: a contiguous `tt.load` read by one elementwise op, view,
+reduction or store is a lazy value (kind "load") whose chunks are read from memory where
+the reader evaluates them, instead of being stored to the frame and read back (layer
+norm's loads of X, W and B: one pass over registers instead of three over the frame).
+
+Reading later than the program says is safe only while nothing writes memory in between:
+- before an op that writes memory or runs a region (`tt.store`, atomics, `scf.for`,
+  `scf.while`, `scf.if`), every value that still holds an unread lazy load and is read at
+  or after that op is stored to the frame first (`settle`); a store's own value may keep
+  its loads lazy (the store reads chunk i of them before it writes chunk i);
+- a store whose value reads lazy loads through other addresses than its own could
+  overwrite, at chunk i, what a lazy load reads at a later chunk j (an in-place shift);
+  `guarded_store` compares the byte ranges of the store and of each load at run time and
+  takes the stored path when they overlap (unless they are the same addresses in the same
+  layout), or always when a range is not known at compile time.
+Masked-off lanes never touch memory either way.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .elementwise import ELEMENTWISE_OPS, I1, I32, I64, PTR, of_width
+from .tileir import Op, element_bytes, walk
+
+# Readers whose evaluation of a lazy load happens at their own place in the program.
+_READERS = ("tt.store", "tt.reduce", "tt.expand_dims", "tt.reshape", "tt.broadcast")
+# Ops before which unread lazy loads that are still needed are stored.
+_BARRIERS = ("tt.store", "tt.atomic_rmw", "tt.atomic_cas", "scf.for", "scf.while", "scf.if")
+LOAD_COST = 2
+
+
+class LoadFusion:
+    """The positions and readers of one program's values, and the loads not read yet."""
+
+    def __init__(self, body):
+        self.position: dict[int, int] = {}
+        self.last_use: dict[int, int] = {}
+        self.reader: dict[int, Op] = {}
+        for index, op in enumerate(walk(body)):
+            self.position[id(op)] = index
+            for value in op.operands:
+                self.last_use[value.id] = index
+                self.reader.setdefault(value.id, op)
+        self.pending: set[int] = set()  # id() of lazy loads created since the last barrier
+
+    def fusible(self, e, op: Op) -> bool:
+        """One reader, which evaluates the load where it stands (not a dot, a yield, ...)."""
+        result = op.result
+        if e.reader_ops.get(result.id, 0) != 1:
+            return False
+        reader = self.reader.get(result.id)
+        if reader is None:
+            return False
+        if reader.name == "tt.store":
+            return reader.operands[1] is result  # its value, not its pointer or mask
+        return reader.name in _READERS or reader.name in ELEMENTWISE_OPS
+
+    def holds_pending(self, value) -> bool:
+        if not self.pending or not hasattr(value, "kind"):
+            return False
+        if value.kind == "load" and id(value) in self.pending:
+            return True
+        return any(self.holds_pending(operand) for operand in value.operands)
+
+    def pending_loads(self, value) -> list:
+        if not hasattr(value, "kind"):
+            return []
+        found = [value] if value.kind == "load" and id(value) in self.pending else []
+        for operand in value.operands:
+            found += [load for load in self.pending_loads(operand) if load not in found]
+        return found
+
+    def settle(self, e, op: Op) -> None:
+        """Before `op` (a barrier): store every value still needed after it that reads an
+        unread lazy load. A store's own operands are left to `guarded_store`."""
+        if not self.pending or op.name not in _BARRIERS:
+            return
+        here = self.position[id(op)]
+        own = {value.id for value in op.operands} if op.name == "tt.store" else set()
+        for value_id, value in list(e.env.items()):
+            needed = self.last_use.get(value_id, -1)
+            if (needed > here or (needed == here and value_id not in own)) \
+                    and self.holds_pending(value):
+                e.env[value_id] = e.materialize(value)
+        if op.name != "tt.store":
+            self.pending.clear()
+
+    def after_store(self) -> None:
+        self.pending.clear()
+
+
+def lazy_load(e, op: Op, addresses, masks, others):
+    from .emit import Lazy
+
+    lazy = Lazy(op.result.type, "load", tuple(v for v in (addresses, masks, others)
+                                               if v is not None), op,
+                payload=(masks is not None, others is not None), cost=LOAD_COST)
+    e.fusion.pending.add(id(lazy))
+    return lazy
+
+
+def load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
+    """Lanes [index, index + width) of a lazy load, read from memory now (width 0: one
+    element, read as a one-lane masked load when there is a mask)."""
+    from .memory import _memory_type as memory_type
+    from .memory import _to_memory as to_memory
+    from .memory import _to_value as to_value
+    from .memory import vector_load
+
+    op = lazy.op
+    elem = op.result.type.elem
+    align = element_bytes(elem)
+    has_mask, has_other = lazy.payload
+    addresses, *rest = lazy.operands
+    masks = rest.pop(0) if has_mask else None
+    others = rest.pop(0) if has_other else None
+    lanes = max(width, 1)
+    vector_ty = ir.VectorType(memory_type(elem), lanes)
+
+    def chunk(value):
+        read = e.load_chunk(value, index, width)
+        if width:
+            return read
+        return e.b.insert_element(ir.Constant(of_width(read.type, 1), None), read,
+                                  ir.Constant(I32, 0))
+    lane_mask = chunk(masks) if masks is not None else None
+    passthru = to_memory(e, chunk(others), elem) if others is not None \
+        else ir.Constant(vector_ty, None)
+    address = e.load_chunk(addresses, index, 0)
+    e.check_bounds(op, address, lane_mask, lanes, align, contiguous=True)
+    if lane_mask is None and not width:
+        return to_value(e, e.b.load(e.b.inttoptr(address, PTR), align=align,
+                                    typ=memory_type(elem)), elem)
+    raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
+    if not width:
+        raw = e.b.extract_element(raw, ir.Constant(I32, 0))
+    return to_value(e, raw, elem)
+
+
+def _byte_range(e, pointer_value, pointer, type_):
+    """[low, high) of the bytes a contiguous access through `pointer` (a tile) may touch,
+    or None when a stride is not known."""
+    strides = e.axis_strides.get(pointer_value.id)
+    if not strides or any(stride is None for stride in strides):
+        return None
+    first = e.load_chunk(pointer, ir.Constant(I64, 0), 0)
+    below = sum(min(0, (n - 1) * s) for n, s in zip(type_.shape, strides, strict=True))
+    above = sum(max(0, (n - 1) * s) for n, s in zip(type_.shape, strides, strict=True))
+    size = element_bytes(type_.elem)
+    return (e.b.add(first, ir.Constant(I64, below)),
+            e.b.add(first, ir.Constant(I64, above + size)), first, strides)
+
+
+def _through_broadcast(value, load) -> bool:
+    """Whether `value` reads `load` through a broadcast (at other flat positions)."""
+    if not hasattr(value, "kind") or value is load:
+        return False
+    if value.kind == "broadcast" and _reaches(value, load):
+        return True
+    return any(_through_broadcast(operand, load) for operand in value.operands)
+
+
+def _reaches(value, load) -> bool:
+    if value is load:
+        return True
+    return hasattr(value, "kind") and any(_reaches(operand, load) for operand in value.operands)
+
+
+def guarded_store(e, op: Op, emit_store) -> None:
+    """`emit_store(values)` with the store's value as it is when no lazy load in it can
+    see the store's own writes, else with the value stored to the frame first."""
+    pointer_value, value = op.operands[0], op.operands[1]
+    values = e.env[value.id]
+    loads = e.fusion.pending_loads(values)
+    pointer = e.env[pointer_value.id]
+    # the same pointer tile read at the same flat positions: chunk i is read, then written
+    loads = [load for load in loads
+             if load.operands[0] is not pointer or _through_broadcast(values, load)]
+    if not loads:
+        emit_store(values)
+        e.fusion.after_store()
+        return
+    target = _byte_range(e, pointer_value, pointer, value.type)
+    sources = [_byte_range(e, load.op.operands[0], load.operands[0], load.op.result.type)
+               for load in loads]
+    if target is None or any(source is None for source in sources):
+        emit_store(e.materialize(values))
+        e.fusion.after_store()
+        return
+    low, high, first, strides = target
+    hazard = ir.Constant(I1, 0)
+    for (source_low, source_high, source_first, source_strides), load in zip(
+            sources, loads, strict=True):
+        overlap = e.b.and_(e.b.icmp_unsigned("<", source_low, high),
+                           e.b.icmp_unsigned("<", low, source_high))
+        if source_strides == strides and load.op.result.type == value.type and \
+                not _through_broadcast(values, load):
+            # the same layout from the same address: chunk i is read, then written
+            overlap = e.b.and_(overlap, e.b.icmp_unsigned("!=", source_first, first))
+        hazard = e.b.or_(hazard, overlap)
+    with e.b.if_else(hazard) as (overlapping, apart):
+        with overlapping:
+            emit_store(e.materialize(values))
+        with apart:
+            emit_store(values)
+    e.fusion.after_store()
+
