@@ -137,3 +137,43 @@ def test_libdevice_calls_with_an_op_of_their_own_are_vector_code():
     libm = re.findall(r'declare .*@"?(expf|logf|sqrtf|floorf|ceilf|truncf|erff|exp2f|fminf|'
                       r'fmaxf|copysignf)"?\(', llir)
     assert not libm, f"libm called per lane for {libm}"
+
+
+@triton.jit
+def divide_by_scalar(x_ptr, out_ptr, s, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) / s, mask=mask)
+
+
+_DIVISORS = [3.0, -7.1, 1.0000001, 0.9999999, 1 / 3, 1e-30, 3e-38, 1e30, 3e37, 2.0**125,
+             2.0**-125, 1.5 * 2.0**-126, 1e-45, 0.0, -0.0, np.inf, -np.inf, np.nan, 1234.567]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_division_by_a_scalar_is_correctly_rounded(dtype):
+    """`x / s` with a scalar s goes through the reciprocal and one correction
+    (Elementwise.divide_by_scalar): bit for bit NumPy's division over random bit patterns
+    (every exponent, subnormals, infinities, NaNs, signed zeros) and divisors from the
+    whole range, the edges of the reciprocal's normal range and special values included;
+    the vector code has the fma correction."""
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, np.iinfo(np.uint64).max, 1 << 20, dtype=np.uint64, endpoint=True)
+    x = bits.astype(np.uint32).view(np.float32) if dtype == np.float32 else bits.view(np.float64)
+    x = np.concatenate([x, np.array([0.0, -0.0, np.inf, -np.inf, np.nan], dtype)])
+    scale = 10.0 ** rng.integers(-20, 20, 12) * rng.standard_normal(12)
+    divisors = [*_DIVISORS, *scale]
+    xt, out = torch.from_numpy(x), torch.empty(x.size, dtype=torch.from_numpy(x).dtype)
+    for divisor in divisors:
+        s = dtype(np.float32(divisor))  # a float argument is an fp32 scalar in Triton
+        compiled = divide_by_scalar[(triton.cdiv(x.size, 1024),)](xt, out, float(s), x.size,
+                                                                  BLOCK=1024)
+        with np.errstate(all="ignore"):
+            want = x / s
+        got = out.numpy()
+        same = (got.view(np.uint8).reshape(x.size, -1) == want.view(np.uint8).reshape(
+            x.size, -1)).all(1) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), (f"x / {s!r}: {x[~same][:3]} gave {got[~same][:3]}, "
+                            f"want {want[~same][:3]}")
+    kind = "f32" if dtype == np.float32 else "f64"
+    assert re.search(rf'call <16 x \w+> @"?llvm\.fma\.v16{kind}', compiled.asm["llir"])
