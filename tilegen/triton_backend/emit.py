@@ -273,7 +273,7 @@ class ProgramEmitter:
                                 [ir.Constant(I32, k) for k in range(width)])
             return self.b.add(self.splat(base, width), lanes)
         if kind == "load":
-            return fused_loads.load_chunk(self, lazy, index, width)
+            return memory.fused_load_chunk(self, lazy, index, width)
         if kind in ("map", "addptr"):
             args = [self.load_chunk(v, index, width) for v in lazy.operands]
             if kind == "addptr":
@@ -446,6 +446,15 @@ class ProgramEmitter:
         sources = (self.env[op.operands[0].id], self.env[op.operands[1].id])
         self._keep(result, Lazy(result.type, "addptr", sources, op, payload=size,
                                 cost=1 + sum(_cost(s) for s in sources)))
+
+    def lazy_load(self, op: Op, addresses, masks, others) -> Lazy:
+        """A load read where its one reader evaluates it (fused_loads.py)."""
+        lazy = Lazy(op.result.type, "load", tuple(v for v in (addresses, masks, others)
+                                                   if v is not None), op,
+                    payload=(masks is not None, others is not None),
+                    cost=fused_loads.LOAD_COST)
+        self.fusion.pending.add(id(lazy))
+        return lazy
 
     def splat_lazy(self, scalar: ir.Value, shape: tuple[int, ...]) -> Lazy:
         elem = f"i{scalar.type.width}"

@@ -1,6 +1,7 @@
 """Loads fused into their reader: a contiguous `tt.load` read by one elementwise op, view,
-reduction or store is a lazy value (kind "load") whose chunks are read from memory where
-the reader evaluates them, instead of being stored to the frame and read back (layer
+reduction or store is a lazy value (kind "load", made by `ProgramEmitter.lazy_load`, read
+by `memory.fused_load_chunk`) whose chunks are read from memory where the reader evaluates
+them, instead of being stored to the frame and read back (layer
 norm's loads of X, W and B: one pass over registers instead of three over the frame).
 
 Reading later than the program says is safe only while nothing writes memory in between:
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .elementwise import ELEMENTWISE_OPS, I1, I32, I64, PTR, of_width
+from .elementwise import ELEMENTWISE_OPS, I1, I64
 from .tileir import Op, element_bytes, walk
 
 # Readers whose evaluation of a lazy load happens at their own place in the program.
@@ -88,54 +89,6 @@ class LoadFusion:
 
     def after_store(self) -> None:
         self.pending.clear()
-
-
-def lazy_load(e, op: Op, addresses, masks, others):
-    from .emit import Lazy
-
-    lazy = Lazy(op.result.type, "load", tuple(v for v in (addresses, masks, others)
-                                               if v is not None), op,
-                payload=(masks is not None, others is not None), cost=LOAD_COST)
-    e.fusion.pending.add(id(lazy))
-    return lazy
-
-
-def load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
-    """Lanes [index, index + width) of a lazy load, read from memory now (width 0: one
-    element, read as a one-lane masked load when there is a mask)."""
-    from .memory import _memory_type as memory_type
-    from .memory import _to_memory as to_memory
-    from .memory import _to_value as to_value
-    from .memory import vector_load
-
-    op = lazy.op
-    elem = op.result.type.elem
-    align = element_bytes(elem)
-    has_mask, has_other = lazy.payload
-    addresses, *rest = lazy.operands
-    masks = rest.pop(0) if has_mask else None
-    others = rest.pop(0) if has_other else None
-    lanes = max(width, 1)
-    vector_ty = ir.VectorType(memory_type(elem), lanes)
-
-    def chunk(value):
-        read = e.load_chunk(value, index, width)
-        if width:
-            return read
-        return e.b.insert_element(ir.Constant(of_width(read.type, 1), None), read,
-                                  ir.Constant(I32, 0))
-    lane_mask = chunk(masks) if masks is not None else None
-    passthru = to_memory(e, chunk(others), elem) if others is not None \
-        else ir.Constant(vector_ty, None)
-    address = e.load_chunk(addresses, index, 0)
-    e.check_bounds(op, address, lane_mask, lanes, align, contiguous=True)
-    if lane_mask is None and not width:
-        return to_value(e, e.b.load(e.b.inttoptr(address, PTR), align=align,
-                                    typ=memory_type(elem)), elem)
-    raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
-    if not width:
-        raw = e.b.extract_element(raw, ir.Constant(I32, 0))
-    return to_value(e, raw, elem)
 
 
 def _byte_range(e, pointer_value, pointer, type_):

@@ -85,17 +85,17 @@ def load(e, op) -> None:
     # a K loop's operand goes straight into its packed buffer (kloop.py)
     sink = e.load_sinks.get(result.id)
     if contiguous and sink is None and e.fusion.fusible(e, op):
-        e.env[result.id] = fused_loads.lazy_load(
-            e, op, e.env[pointer.id], e.env[mask.id] if mask is not None else None,
-            e.env[other.id] if other is not None else None)
+        e.env[result.id] = e.lazy_load(op, e.env[pointer.id],
+                                       e.env[mask.id] if mask is not None else None,
+                                       e.env[other.id] if other is not None else None)
         return
     out = sink if sink is not None else e.alloc(result.type)
     addresses = e.env[pointer.id]
     masks = e.env[mask.id] if mask is not None else None
     others = e.env[other.id] if other is not None else None
 
-    def vector_load(address, lane_mask, passthru, vector_ty):
-        return globals()["vector_load"](e, address, lane_mask, passthru, vector_ty, align)
+    def contiguous_read(address, lane_mask, passthru, vector_ty):
+        return vector_load(e, address, lane_mask, passthru, vector_ty, align)
 
     def gather(chunk, lane_mask, passthru, vector_ty, width):
         if lane_mask is None:
@@ -114,7 +114,7 @@ def load(e, op) -> None:
         if contiguous:  # only the first lane's address is needed
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
-            raw = vector_load(address, lane_mask, passthru, vector_ty)
+            raw = contiguous_read(address, lane_mask, passthru, vector_ty)
         else:
             chunk = e.load_chunk(addresses, index, width)
             e.check_bounds(op, chunk, lane_mask, width, align)
@@ -122,7 +122,7 @@ def load(e, op) -> None:
                 first = e.b.extract_element(chunk, ir.Constant(I32, 0))
                 with e.b.if_else(_is_run(e, chunk, first, width, align)) as (run, scattered):
                     with run:
-                        contiguous_raw = vector_load(first, lane_mask, passthru, vector_ty)
+                        contiguous_raw = contiguous_read(first, lane_mask, passthru, vector_ty)
                         run_block = e.b.block
                     with scattered:
                         gathered_raw = gather(chunk, lane_mask, passthru, vector_ty, width)
@@ -136,7 +136,7 @@ def load(e, op) -> None:
 
     if _column_contiguous(e, pointer, result.type, align):
         _transposing_load(e, result.type, out, addresses, masks, others, memory_ty, align,
-                          vector_load, elem)
+                          contiguous_read, elem)
     else:
         e.chunks(result.type, body)
     e.env[result.id] = out
@@ -150,6 +150,39 @@ def vector_load(e, address, lane_mask, passthru, vector_ty, align: int) -> ir.Va
     function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
                             vector_ty, [PTR, I32, lane_mask.type, vector_ty])
     return e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
+
+
+def fused_load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
+    """Lanes [index, index + width) of a fused load (fused_loads.py), read from memory
+    now (width 0: one element, read as a one-lane masked load when there is a mask)."""
+    op = lazy.op
+    elem = op.result.type.elem
+    align = element_bytes(elem)
+    has_mask, has_other = lazy.payload
+    addresses, *rest = lazy.operands
+    masks = rest.pop(0) if has_mask else None
+    others = rest.pop(0) if has_other else None
+    lanes = max(width, 1)
+    vector_ty = ir.VectorType(_memory_type(elem), lanes)
+
+    def chunk(value):
+        read = e.load_chunk(value, index, width)
+        if width:
+            return read
+        return e.b.insert_element(ir.Constant(of_width(read.type, 1), None), read,
+                                  ir.Constant(I32, 0))
+    lane_mask = chunk(masks) if masks is not None else None
+    passthru = _to_memory(e, chunk(others), elem) if others is not None \
+        else ir.Constant(vector_ty, None)
+    address = e.load_chunk(addresses, index, 0)
+    e.check_bounds(op, address, lane_mask, lanes, align, contiguous=True)
+    if lane_mask is None and not width:
+        return _to_value(e, e.b.load(e.b.inttoptr(address, PTR), align=align,
+                                     typ=_memory_type(elem)), elem)
+    raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
+    if not width:
+        raw = e.b.extract_element(raw, ir.Constant(I32, 0))
+    return _to_value(e, raw, elem)
 
 
 def _put(e, out, index, value) -> None:
