@@ -112,3 +112,62 @@ def test_fused_load_takes_the_register_path():
     compiled = masked_row_sum[(37,)](x, out, 203, x.stride(0), BLOCK=256)
     torch.testing.assert_close(out, (x * x).sum(1), rtol=1e-5, atol=1e-5)
     assert compiled.metadata.tilegen_frame_bytes < 256 * 4
+
+
+@triton.jit
+def centred_rows(x_ptr, out_ptr, sums_ptr, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=0.0)
+    total = tl.sum(x, axis=0)
+    tl.store(out_ptr + row * stride + cols, x - tl.max(x, axis=0), mask=cols < n_cols)
+    tl.store(sums_ptr + row, total)
+
+
+def test_load_with_several_readers_around_a_store():
+    """A load read by two reductions and by the subtraction a store writes, in place when
+    out is x (the range check's same-layout case) and into another tensor."""
+    x = torch.randn(29, 300) - 0.5
+    out, sums = torch.empty_like(x), torch.empty(29)
+    centred_rows[(29,)](x, out, sums, 300, x.stride(0), BLOCK=512)
+    torch.testing.assert_close(sums, x.sum(1), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out, x - x.max(1, keepdim=True).values)
+    expected = x - x.max(1, keepdim=True).values
+    centred_rows[(29,)](x, x, sums, 300, x.stride(0), BLOCK=512)
+    torch.testing.assert_close(x, expected)
+
+
+@triton.jit
+def two_statistics(x_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=0.0)
+    tl.store(out_ptr + row, tl.sum(x, axis=0) + tl.max(x * 2, axis=0))
+
+
+def test_load_with_several_readers_is_read_again_not_stored():
+    """Read by a reduction and by an elementwise op (two readers) the load is read from
+    memory by each: the frame holds no copy of the 2 KB tile."""
+    x = torch.randn(29, 300)
+    out = torch.empty(29)
+    compiled = two_statistics[(29,)](x, out, 300, x.stride(0), BLOCK=512)
+    torch.testing.assert_close(out, x.sum(1) + (x * 2).max(1).values, rtol=1e-5, atol=1e-4)
+    assert compiled.metadata.tilegen_frame_bytes < 512 * 4
+
+
+@triton.jit
+def update_then_reuse(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(x_ptr + offsets, x + 1, mask=mask)
+    tl.store(y_ptr + offsets, x * 2 + tl.sum(x, axis=0), mask=mask)  # x before the update
+
+
+def test_load_with_readers_before_and_after_a_store_to_its_addresses():
+    x = torch.randn(1000)
+    x0 = x.clone()
+    y = torch.empty(1000)
+    update_then_reuse[(1,)](x, y, 1000, BLOCK=1024)
+    torch.testing.assert_close(x, x0 + 1)
+    torch.testing.assert_close(y, x0 * 2 + x0.sum(), rtol=1e-5, atol=1e-4)

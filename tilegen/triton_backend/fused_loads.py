@@ -1,8 +1,9 @@
-"""Loads fused into their reader: a contiguous `tt.load` read by one elementwise op, view,
-reduction or store is a lazy value (kind "load", made by `ProgramEmitter.lazy_load`, read
-by `memory.fused_load_chunk`) whose chunks are read from memory where the reader evaluates
-them, instead of being stored to the frame and read back (layer
-norm's loads of X, W and B: one pass over registers instead of three over the frame).
+"""Loads fused into their readers: a contiguous `tt.load` read by a few elementwise ops,
+views, reductions or stores is a lazy value (kind "load", made by
+`ProgramEmitter.lazy_load`, read by `memory.fused_load_chunk`) whose chunks are read from
+memory where each reader evaluates them, instead of being stored to the frame and read
+back (layer norm's loads of X, W and B: one pass over registers instead of three over the
+frame; softmax's row, read by its max and by its exponentials, twice from memory).
 
 Reading later than the program says is safe only while nothing writes memory in between:
 - before an op that writes memory or runs a region (`tt.store`, atomics, `scf.for`,
@@ -29,6 +30,14 @@ _READERS = ("tt.store", "tt.reduce", "tt.expand_dims", "tt.reshape", "tt.broadca
 # Ops before which unread lazy loads that are still needed are stored.
 _BARRIERS = ("tt.store", "tt.atomic_rmw", "tt.atomic_cas", "scf.for", "scf.while", "scf.if")
 LOAD_COST = 2
+MAX_READERS = 3
+
+
+def _evaluates_in_place(reader: Op, value) -> bool:
+    if reader.name == "tt.store":  # its value, not its pointer or mask
+        return reader.operands[1] is value and all(
+            operand is not value for operand in (reader.operands[0], *reader.operands[2:]))
+    return reader.name in _READERS or reader.name in ELEMENTWISE_OPS
 
 
 class LoadFusion:
@@ -37,25 +46,24 @@ class LoadFusion:
     def __init__(self, body):
         self.position: dict[int, int] = {}
         self.last_use: dict[int, int] = {}
-        self.reader: dict[int, Op] = {}
+        self.readers: dict[int, list[Op]] = {}
         for index, op in enumerate(walk(body)):
             self.position[id(op)] = index
             for value in op.operands:
                 self.last_use[value.id] = index
-                self.reader.setdefault(value.id, op)
+                readers = self.readers.setdefault(value.id, [])
+                if op not in readers:
+                    readers.append(op)
         self.pending: set[int] = set()  # id() of lazy loads created since the last barrier
 
     def fusible(self, e, op: Op) -> bool:
-        """One reader, which evaluates the load where it stands (not a dot, a yield, ...)."""
-        result = op.result
-        if e.reader_ops.get(result.id, 0) != 1:
-            return False
-        reader = self.reader.get(result.id)
-        if reader is None:
-            return False
-        if reader.name == "tt.store":
-            return reader.operands[1] is result  # its value, not its pointer or mask
-        return reader.name in _READERS or reader.name in ELEMENTWISE_OPS
+        """Up to MAX_READERS readers, each of which evaluates the load where it stands (not
+        a dot, a yield, ...). With several (softmax's row: its max and its exponentials)
+        each reads memory again, which costs what reading a frame copy does, without the
+        copy."""
+        readers = self.readers.get(op.result.id, [])
+        return 0 < len(readers) <= MAX_READERS and all(
+            _evaluates_in_place(reader, op.result) for reader in readers)
 
     def holds_pending(self, value) -> bool:
         if not self.pending or not hasattr(value, "kind"):
