@@ -136,3 +136,21 @@ def test_fused_load_takes_the_register_path():
     torch.testing.assert_close(out, (x * x).sum(1) + (x * 2).max(1).values, rtol=1e-5,
                                atol=1e-4)
     assert compiled.metadata.tilegen_frame_bytes < 512 * 4
+
+
+@triton.jit
+def last_block(x_ptr, out_ptr, trips, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    p = x_ptr + offsets
+    last = tl.zeros([BLOCK], dtype=tl.float32)
+    for _ in range(trips):
+        last = tl.load(p, mask=offsets < 61) * 2.0 + last * 0.0  # carried, read lazily
+        p += BLOCK  # an advancing pointer tile: its offset changes at the end of the trip
+    tl.store(out_ptr + offsets, last, mask=offsets < 61)
+
+
+def test_fused_load_carried_out_of_a_loop_that_advances_its_pointer():
+    x = torch.randn(5 * 64)
+    out = torch.zeros(64)
+    last_block[(1,)](x, out, 5, BLOCK=64)
+    torch.testing.assert_close(out[:61], x[4 * 64:4 * 64 + 61] * 2)
