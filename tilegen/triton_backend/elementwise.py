@@ -10,7 +10,6 @@ intrinsics or libm, one call per lane.
 
 from __future__ import annotations
 
-import math
 import struct
 
 from llvmlite import ir
@@ -214,53 +213,6 @@ class Elementwise:
             return self._cast(b, name, args[0], arg_elems[0], result_elem, result_ty)
         raise TileError(f"no elementwise rule for {name}")
 
-    def divide_by_scalar(self, b: ir.IRBuilder, x: ir.Value, divisor: ir.Value,
-                         width: int) -> ir.Value:
-        """x / divisor for a vector x and a scalar divisor (softmax's `numerator /
-        denominator`): q = x * (1 / divisor), the reciprocal computed once (LLVM hoists it
-        out of the chunk loop), then one correction q + (x - q divisor) / divisor with
-        the remainder exact by an fma, which makes q the correctly rounded quotient
-        (Markstein's theorem: the reciprocal is correctly rounded, q within an ulp and the
-        remainder exact); a vector division costs several times the three FMA-unit ops.
-        The remainder is exact while it stays normal: a divisor whose reciprocal would not
-        be a normal number (|d| <= 2^-125 or >= 2^125, 0, inf, NaN), and a chunk with a
-        nonzero |x| < 2^-100 (tiny numerators, subnormal quotients), take the division
-        itself; lanes where q is 0, inf or NaN keep q (signed zeros, overflow and NaN
-        inputs come out as the division gives them). tests/test_triton_math.py checks
-        the quotients bit for bit against NumPy's division over random bit patterns."""
-        scalar = divisor.type
-        is_double = isinstance(scalar, ir.DoubleType)
-        limit = 2.0 ** (1021 if is_double else 125)
-        tiny = 2.0 ** (-996 if is_double else -100)
-        magnitude = self.intrinsic(b, "llvm.fabs", [divisor])
-        safe = b.and_(b.fcmp_ordered("<", magnitude, ir.Constant(scalar, limit)),
-                      b.fcmp_ordered(">", magnitude, ir.Constant(scalar, 1 / limit)))
-        sizes = self.intrinsic(b, "llvm.fabs", [x])
-        small = b.and_(b.fcmp_ordered("<", sizes, splat_constant(scalar, tiny, width)),
-                       b.fcmp_ordered("!=", sizes, splat_constant(scalar, 0.0, width)))
-        none_small = b.icmp_unsigned("==", b.bitcast(small, ir.IntType(width)),
-                                     ir.Constant(ir.IntType(width), 0))
-        divisors = _splat(b, divisor, width)
-        with b.if_else(b.and_(safe, none_small)) as (by_reciprocal, by_division):
-            with by_reciprocal:
-                reciprocal = _splat(b, b.fdiv(ir.Constant(scalar, 1.0), divisor), width)
-                quotient = b.fmul(x, reciprocal)
-                remainder = self.intrinsic(b, "llvm.fma", [b.fneg(quotient), divisors, x])
-                refined = self.intrinsic(b, "llvm.fma", [remainder, reciprocal, quotient])
-                size = self.intrinsic(b, "llvm.fabs", [quotient])
-                normal = b.and_(b.fcmp_ordered("!=", size, splat_constant(scalar, 0.0, width)),
-                                b.fcmp_ordered("<", size,
-                                               splat_constant(scalar, math.inf, width)))
-                fast = b.select(normal, refined, quotient)
-                fast_block = b.block
-            with by_division:
-                exact = b.fdiv(x, divisors)
-                exact_block = b.block
-        result = b.phi(x.type)
-        result.add_incoming(fast, fast_block)
-        result.add_incoming(exact, exact_block)
-        return result
-
     def _bf16(self, b, name, attrs, args, arg_elems, result_elem, width) -> ir.Value:
         """bf16 arithmetic as torch does it on the CPU: in f32, each result rounded to
         bf16 (to nearest even)."""
@@ -408,13 +360,6 @@ def f32_to_bf16(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
     quiet = b.or_(bits, splat_constant(I32, 0x400000, width))
     chosen = b.select(is_nan, quiet, rounded)
     return b.trunc(b.lshr(chosen, splat_constant(I32, 16, width)), of_width(ir.IntType(16), width))
-
-
-def _splat(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
-    vector = ir.VectorType(value.type, width)
-    one = b.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
-                            ir.Constant(ir.VectorType(I32, width), [0] * width))
 
 
 def _width(value: ir.Value) -> int:

@@ -281,10 +281,6 @@ class ProgramEmitter:
                 return self._advance(args[0], args[1], lazy.payload, width)
             op = lazy.op
             assert op is not None
-            divisor = lazy.operands[1] if op.name == "arith.divf" else None
-            if isinstance(divisor, Lazy) and divisor.kind == "splat" and width and \
-                    elem in ("f32", "f64"):
-                return self.ew.divide_by_scalar(self.b, args[0], divisor.payload, width)
             return self.ew.emit(self.b, op.name, op.attrs, args,
                                 [v.type.elem for v in op.operands], elem)
         if kind == "view":
