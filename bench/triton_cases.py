@@ -139,21 +139,24 @@ def libdevice_asin(n: int) -> Work:
 
 
 def grouped_gemm(size: int, count: int = 4) -> Work:
-    from tests.test_triton_tutorials_2 import group_gemm_fn
+    from tests.test_triton_tutorials_2 import group_gemm_fn, grouped_matmul_kernel_tutorial
     g = _generator()
     a = [torch.rand(size, size, generator=g).half() for _ in range(count)]
     b = [torch.rand(size, size, generator=g).half() for _ in range(count)]
-    return Work(lambda: torch.cat(group_gemm_fn(a, b)),
+    # the tutorial's own autotune configs (multiples of 128: the kernel has no masks)
+    return Work(lambda: torch.cat(group_gemm_fn(a, b, kernel=grouped_matmul_kernel_tutorial)),
                 lambda: torch.cat([(x.float() @ y.float()).half() for x, y in
                                    zip(a, b, strict=True)]),
                 2e-3, 2e-1, flops=2.0 * count * size ** 3)
 
 
 def persistent_matmul(m: int, n: int, k: int) -> Work:
-    from tests.test_triton_tutorials_2 import matmul_persistent
+    from tests.test_triton_tutorials_2 import matmul_persistent_tuned
     g = _generator()
     a, b = torch.randn(m, k, generator=g).half(), torch.randn(k, n, generator=g).half()
-    return Work(lambda: matmul_persistent(a, b), lambda: (a.float() @ b.float()).half(),
+    # the tutorial's autotune configs and NUM_SMS (the tests' matmul_persistent uses small
+    # blocks and NUM_SMS = 3 to check uneven tile counts)
+    return Work(lambda: matmul_persistent_tuned(a, b), lambda: (a.float() @ b.float()).half(),
                 2e-2, 2e-2, flops=2.0 * m * n * k)
 
 

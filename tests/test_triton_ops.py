@@ -48,10 +48,22 @@ def grid_3d(out_ptr):
     tl.store(out_ptr + (z * ny + y) * nx + x, x * 100 + y * 10 + z)
 
 
-def test_3d_grid_and_num_programs():
-    out = torch.zeros(3 * 5 * 2, dtype=torch.int32)
-    grid_3d[(3, 5, 2)](out)
-    z, y, x = torch.meshgrid(torch.arange(2), torch.arange(5), torch.arange(3), indexing="ij")
+@pytest.mark.parametrize("threads", ["1", "2", "4", "5"])
+@pytest.mark.parametrize("grid", [(3, 5, 2), (7, 3, 2), (1, 4, 9), (11, 1, 1)])
+def test_3d_grid_and_num_programs(grid, threads, monkeypatch, request):
+    """Every program id once, however the threads' runs start inside rows and planes (the
+    worker divides the first id out and steps x, y, z from there)."""
+    from tilegen.triton_backend import driver
+
+    monkeypatch.setenv("TILEGEN_NUM_THREADS", threads)
+    driver.num_threads.cache_clear()  # read once per process otherwise
+    request.addfinalizer(driver.num_threads.cache_clear)
+    assert driver.num_threads() == int(threads)
+    nx, ny, nz = grid
+    out = torch.full((nx * ny * nz,), -1, dtype=torch.int32)
+    grid_3d[grid](out)
+    z, y, x = torch.meshgrid(torch.arange(nz), torch.arange(ny), torch.arange(nx),
+                             indexing="ij")
     assert torch.equal(out, (x * 100 + y * 10 + z).flatten().int())
 
 

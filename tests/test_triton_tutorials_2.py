@@ -331,7 +331,23 @@ def grouped_matmul_kernel(group_a_ptrs, group_b_ptrs, group_c_ptrs, group_gemm_s
         last_problem_end = last_problem_end + num_tiles
 
 
-def group_gemm_fn(group_A, group_B):
+def _num_sms() -> int:
+    """The tutorials' `num_sms()`: the device's multiprocessor count, the CPU threads here."""
+    return triton.runtime.driver.active.utils.get_device_properties(0)["multiprocessor_count"]
+
+
+# Tutorial 08's own autotune configs (the kernel above carries small ones, for the small
+# shapes of test_grouped_gemm: the kernel has no masks). bench B7 runs these.
+grouped_matmul_kernel_tutorial = triton.autotune(
+    configs=[triton.Config({"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k,
+                            "NUM_SM": sms})
+             for m, n, k, sms in [(128, 128, 32, 84), (128, 128, 32, 128), (64, 64, 32, 84),
+                                  (64, 64, 32, 128), (128, 128, 64, _num_sms()),
+                                  (64, 128, 64, _num_sms())]],
+    key=["group_size"])(grouped_matmul_kernel.fn)
+
+
+def group_gemm_fn(group_A, group_B, kernel=grouped_matmul_kernel):
     group_size = len(group_A)
     A_addrs, B_addrs, C_addrs, g_sizes, g_lds, group_C = [], [], [], [], [], []
     for A, B in zip(group_A, group_B, strict=True):
@@ -350,8 +366,19 @@ def group_gemm_fn(group_A, group_B):
     d_g_sizes = torch.tensor(g_sizes, dtype=torch.int32)
     d_g_lds = torch.tensor(g_lds, dtype=torch.int32)
     grid = lambda META: (META["NUM_SM"],)  # noqa: E731
-    grouped_matmul_kernel[grid](d_a_ptrs, d_b_ptrs, d_c_ptrs, d_g_sizes, d_g_lds, group_size)
+    kernel[grid](d_a_ptrs, d_b_ptrs, d_c_ptrs, d_g_sizes, d_g_lds, group_size)
     return group_C
+
+
+def test_grouped_gemm_with_the_tutorials_configs():
+    """Sizes that are multiples of 128 (the kernel has no masks), as tutorial 08 runs it."""
+    torch.manual_seed(0)
+    shapes = [(256, 128, 384), (128, 256, 128)]
+    group_A = [torch.rand((m, k), dtype=torch.float16) for m, n, k in shapes]
+    group_B = [torch.rand((k, n), dtype=torch.float16) for m, n, k in shapes]
+    outs = group_gemm_fn(group_A, group_B, kernel=grouped_matmul_kernel_tutorial)
+    for a, b, c in zip(group_A, group_B, outs, strict=True):
+        torch.testing.assert_close(c, (a.float() @ b.float()).half(), rtol=2e-3, atol=2e-1)
 
 
 def test_grouped_gemm():
@@ -434,6 +461,37 @@ def matmul_persistent(a, b):
                                    BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=8,
                                    NUM_SMS=NUM_SMS, num_stages=3, num_warps=8)
     return c
+
+
+# Tutorial 09's autotune configs (its matmul_get_configs(): BLOCK_SIZE_M 128, N 128 or 256,
+# K 64 or 128, GROUP_SIZE_M 8; its num_stages and num_warps do not change the CPU code, so
+# one of each) and NUM_SMS from the device, as the tutorial launches it; bench B7 runs this.
+matmul_kernel_persistent_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k,
+                            "GROUP_SIZE_M": 8}, num_stages=3, num_warps=8)
+             for n in (128, 256) for k in (64, 128)],
+    key=["M", "N", "K"])(matmul_kernel_persistent)
+
+
+def matmul_persistent_tuned(a, b):
+    M, K = a.shape
+    K, N = b.shape
+    c = torch.empty((M, N), dtype=a.dtype)
+    NUM_SMS = _num_sms()
+    grid = lambda META: (min(NUM_SMS, triton.cdiv(M, META["BLOCK_SIZE_M"]) *  # noqa: E731
+                             triton.cdiv(N, META["BLOCK_SIZE_N"])),)
+    matmul_kernel_persistent_tuned[grid](a, b, c, M, N, K, a.stride(0), a.stride(1),
+                                         b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                                         NUM_SMS=NUM_SMS)
+    return c
+
+
+def test_persistent_matmul_with_the_tutorials_configs():
+    torch.manual_seed(0)
+    a = torch.randn((301, 203), dtype=torch.float16)
+    b = torch.randn((203, 265), dtype=torch.float16)
+    torch.testing.assert_close(matmul_persistent_tuned(a, b).float(),
+                               (a.float() @ b.float()).half().float(), rtol=2e-3, atol=2e-2)
 
 
 def test_persistent_matmul():

@@ -299,3 +299,36 @@ def test_erf_special_values_and_f64(erf_module):
     got = erf_module.erf_f64(y)
     exact = np.array([float(mpmath.erf(mpmath.mpf(v))) for v in y[:20000]])
     assert _ulp_error(got[:20000], exact, np.float64).max() <= 1.0  # libm's erf per lane
+
+
+# ---- asin, acos (their f32 accuracy: tests/test_triton_math.py) ------------------------------
+
+def _fit_asin_f32(degree=4, nodes=4000):
+    """The fit described at vecmath._ASIN_F32: P(z) minimising the relative error
+    z (P(z) - g(z)) of asin, g = (asin(sqrt z) - sqrt z) / z^1.5, on Chebyshev nodes in
+    [0, 1/4], by Lawson's iteration (weighted least squares, each node's weight multiplied
+    by its error), g in 40-digit mpmath."""
+    mpmath.mp.dps = 40
+    z = 0.125 * (np.cos(np.pi * (np.arange(nodes) + 0.5) / nodes) + 1)
+    g = np.array([float((mpmath.asin(mpmath.sqrt(v)) - mpmath.sqrt(v)) / mpmath.mpf(v) ** 1.5)
+                  for v in z])
+    basis = z[:, None] ** np.arange(degree + 1)
+    weight = np.ones(nodes)
+    for _ in range(200):
+        scale = z * np.sqrt(weight)
+        solution = np.linalg.lstsq(basis * scale[:, None], g * scale, rcond=None)[0]
+        weight *= np.abs(z * (basis @ solution - g))
+        weight /= weight.sum()
+    return solution
+
+
+def test_asin_polynomial_is_the_documented_fit():
+    refit = _fit_asin_f32()
+    np.testing.assert_allclose(refit, vecmath._ASIN_F32, rtol=2.0**-20, atol=0)
+    z = np.linspace(0, 0.25, 200001)[1:]
+    poly = np.zeros_like(z)
+    for coefficient in reversed(vecmath._ASIN_F32):
+        poly = poly * z + coefficient
+    y = np.sqrt(z)
+    relative = np.abs(y + y * z * poly - np.arcsin(y)) / np.arcsin(y)
+    assert relative.max() < 6e-9  # 0.1 ulp of f32 before the evaluation's roundings

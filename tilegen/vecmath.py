@@ -30,6 +30,19 @@ erf(x), f32: evaluated in f64 (one widening per lane): erf(a)/a for a = min(|x|,
          and the sign of x put back: the result is the correctly rounded erf(x) but for
          inputs within 1e-11 of a rounding boundary (every x >= 4 rounds to 1). NaN is
          passed through. f64: libm's erf per lane (no f64 polynomial is this accurate).
+asin(x), acos(x), f32: with a = |x|, for a < 1/2 z = a^2 and y = a, else z = (1 - a)/2
+         (exact) and y = sqrt(z), so that asin(a) = y + q with q = y z P(z) for the first
+         and pi/2 - 2 (y + q) for the second (asin(a) = pi/2 - 2 asin(sqrt((1 - a)/2))).
+         P is a degree-4 fit of (asin(sqrt z) - sqrt z) / z^1.5 on z in [0, 1/4] (relative
+         error 5e-9 of asin, see _ASIN_F32), so one polynomial and one sqrt per lane, no
+         branch. pi/2 and pi are split in a high and a low part and the large terms added
+         first (pi/2_hi - 2y, its rounding error recovered by Fast2Sum), so neither the
+         cancellation near a = 1/2 nor pi/2 - 2y rounding above 1 for a result below 1
+         costs accuracy: max 1.16 ulp (asin) and 1.14 ulp (acos) on every 7th f32 in
+         [-1, 1]; tests/test_triton_math.py sweeps the hard regions.
+         |x| > 1 gives sqrt of a negative number, NaN; the sign is put back by copysign
+         (asin) or by the choice between 2 asin(y) and pi - 2 asin(y) (acos). f64: libm
+         per lane.
 tanh stays on the libm intrinsic (not on any hot path).
 """
 
@@ -43,7 +56,7 @@ from .target import Target
 
 _LIBM_INTRINSICS = {"tanh": "llvm.tanh"}
 # The functions MathLibrary emits.
-MATH_OPS = ("exp", "log", "erf", "tanh")
+MATH_OPS = ("exp", "log", "erf", "tanh", "asin", "acos")
 
 # e^r ~ 1 + c1 r + ... + c5 r^5 on |r| <= ln2 (1/2 + 2^-16) (the margin covers the rounding
 # of x / ln 2 before rint, 150 ulp of 2^-24 at most): minimax for the error in f32 ulps of
@@ -66,6 +79,15 @@ _ERF_F64_POLY = tuple(float.fromhex(c) for c in (
     "0x1.3ecee749904f2p-8", "-0x1.4ba8ae25833b9p-9", "0x1.4d883ff2cc5fap-10",
     "-0x1.60e42271c575ap-11", "0x1.39b6b92fb1130p-12", "-0x1.2f51a92b2b3c3p-14",
     "0x1.04abfaa551ef4p-15", "-0x1.33faeb0659603p-15", "0x1.bcc7e26df7451p-17"))
+
+# asin(y) ~ y + y z P(z), z = y^2 in [0, 1/4]: P(z) = c0 + c1 z + ... + c4 z^4 minimises the
+# relative error z (P - g) of asin, g = (asin(sqrt z) - sqrt z) / z^1.5 (Lawson's iteration on
+# weighted least squares at 4000 Chebyshev nodes, g from mpmath), rounded to f32;
+# tests/test_vecmath.py re-runs the fit.
+_ASIN_F32 = tuple(float.fromhex(c) for c in (
+    "0x1.5555cap-3", "0x1.33014ep-4", "0x1.748c64p-5", "0x1.8ba262p-6", "0x1.59dac0p-5"))
+_PI_HI = float.fromhex("0x1.921fb6p+1")  # pi rounded to f32; _PI_LO = pi - _PI_HI
+_PI_LO = float.fromhex("-0x1.777a5cp-24")
 
 
 class _Format:
@@ -290,6 +312,54 @@ class _Emitter:
             poly = b.call(function, [poly, u, wide_constant(coefficient)])
         result = self.intrinsic("llvm.copysign", b.fptrunc(b.fmul(a, poly), self.ty), x)
         return b.select(b.fcmp_unordered("uno", x, x), x, result)
+
+    # ---- asin, acos ---------------------------------------------------------------------------
+
+    def _asin_parts(self, x):
+        """(a < 1/2, y, q) for a = |x|: asin(a) = y + q below 1/2, pi/2 - 2 (y + q) above."""
+        b = self.b
+        a = self.intrinsic("llvm.fabs", x)
+        small = b.fcmp_ordered("<", a, self.f(0.5))
+        z = b.select(small, b.fmul(a, a), self.fma(a, self.f(-0.5), self.f(0.5)))
+        y = b.select(small, a, self.intrinsic("llvm.sqrt", z))
+        poly = self.f(_ASIN_F32[-1])
+        for coefficient in reversed(_ASIN_F32[:-1]):
+            poly = self.fma(poly, z, self.f(coefficient))
+        return small, y, b.fmul(b.fmul(y, z), poly)
+
+    def _pi_minus(self, fraction: float, scale: float, y, q):
+        """fraction * pi - scale (y + q) (|scale y| <= fraction * pi): head = hi - scale y
+        rounded, and its rounding error recovered exactly (Fast2Sum), since head can
+        round at twice the result's ulp (head just above 1, the result just below); then
+        that error, lo and -scale q are added to it."""
+        b = self.b
+        high = self.f(fraction * _PI_HI)
+        head = self.fma(y, self.f(-scale), high)
+        error = self.fma(y, self.f(-scale), b.fsub(high, head))
+        tail = self.fma(q, self.f(-scale), b.fadd(error, self.f(fraction * _PI_LO)))
+        return b.fadd(head, tail)
+
+    def asin(self, x):
+        if self.fmt.is_double:
+            return self._per_lane_libm("asin", x)
+        small, y, q = self._asin_parts(x)
+        magnitude = self.b.select(small, self.b.fadd(y, q), self._pi_minus(0.5, 2.0, y, q))
+        return self.intrinsic("llvm.copysign", magnitude, x)
+
+    def acos(self, x):
+        """acos(x) = pi/2 - asin(x) below 1/2; above, 2 asin(y) for x > 0 and
+        pi - 2 asin(y) for x < 0."""
+        if self.fmt.is_double:
+            return self._per_lane_libm("acos", x)
+        b = self.b
+        small, y, q = self._asin_parts(x)
+        signed_y = self.intrinsic("llvm.copysign", y, x)
+        signed_q = self.intrinsic("llvm.copysign", q, x)
+        near_zero = self._pi_minus(0.5, 1.0, signed_y, signed_q)
+        negative = b.fcmp_ordered("<", x, self.f(0.0))
+        far = b.select(negative, self._pi_minus(1.0, 2.0, y, q), b.fmul(self.f(2.0),
+                                                                       b.fadd(y, q)))
+        return b.select(small, near_zero, far)
 
     def _per_lane_libm(self, name: str, x):
         """libm's `name` on each lane (f64 only)."""

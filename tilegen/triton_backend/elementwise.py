@@ -2,8 +2,10 @@
 
 Every rule takes LLVM values that are all scalars or all vectors of one width, so the same
 table serves scalar code, the vector chunks of a tile op and the combine regions of
-reductions and scans. exp and log go through tilegen's vecmath (vectorised, within 2 ulp);
-other transcendental functions use LLVM's intrinsics or libm, one call per lane.
+reductions and scans. exp, log, erf, asin and acos go through tilegen's vecmath (vectorised,
+straight-line code); libdevice calls with the same meaning as one of these ops (libdevice.exp,
+.sqrt, .floor, ...) take that op's rule; other transcendental functions use LLVM's
+intrinsics or libm, one call per lane.
 """
 
 from __future__ import annotations
@@ -74,9 +76,19 @@ _FLOAT_INTRINSIC_UNARY = {"math.sqrt": "llvm.sqrt", "math.absf": "llvm.fabs",
                           "math.tanh": "llvm.tanh", "math.trunc": "llvm.trunc",
                           "math.round": "llvm.round", "math.roundeven": "llvm.roundeven",
                           "math.log10": "llvm.log10"}
+# Functions vecmath emits as straight-line vector code (f64 erf/asin/acos: libm per lane).
+_VECMATH_UNARY = {"math.exp": "exp", "math.log": "log", "math.erf": "erf",
+                  "math.asin": "asin", "math.acos": "acos"}
+# libdevice names (libdevice.py) with a rule of their own above: vector code, not a libm
+# call per lane.
+_EXTERN_AS_OP = {"exp": "math.exp", "log": "math.log", "exp2": "math.exp2",
+                 "erf": "math.erf", "asin": "math.asin", "acos": "math.acos",
+                 "sqrt": "math.sqrt", "floor": "math.floor", "ceil": "math.ceil",
+                 "trunc": "math.trunc", "round": "math.round", "fabs": "math.absf",
+                 "log2": "math.log2", "log10": "math.log10", "copysign": "math.copysign",
+                 "fmin": "arith.minnumf", "fmax": "arith.maxnumf"}
 # libm functions (float suffix "f" for f32) without an LLVM intrinsic.
-_LIBM_UNARY = {"math.erf": "erf", "math.tan": "tan", "math.asin": "asin",
-               "math.acos": "acos", "math.atan": "atan", "math.sinh": "sinh",
+_LIBM_UNARY = {"math.tan": "tan", "math.atan": "atan", "math.sinh": "sinh",
                "math.cosh": "cosh", "math.asinh": "asinh", "math.acosh": "acosh",
                "math.atanh": "atanh", "math.expm1": "expm1", "math.log1p": "log1p",
                "math.cbrt": "cbrt"}
@@ -94,9 +106,9 @@ _CASTS = ("arith.extsi", "arith.extui", "arith.trunci", "arith.sitofp", "arith.u
 
 ELEMENTWISE_OPS = frozenset(
     list(_INT_BINARY) + list(_FLOAT_BINARY) + list(_INT_MINMAX) + list(_FLOAT_MINMAX)
-    + list(_FLOAT_INTRINSIC_UNARY) + list(_LIBM_UNARY) + list(_CASTS)
-    + ["arith.cmpi", "arith.cmpf", "arith.select", "arith.negf", "math.exp", "math.log",
-       "math.exp2", "math.rsqrt", "math.fma", "math.absi", "tt.mulhiui", "arith.mulhiui",
+    + list(_FLOAT_INTRINSIC_UNARY) + list(_LIBM_UNARY) + list(_VECMATH_UNARY) + list(_CASTS)
+    + ["arith.cmpi", "arith.cmpf", "arith.select", "arith.negf", "math.exp2", "math.rsqrt",
+       "math.fma", "math.absi", "tt.mulhiui", "arith.mulhiui",
        "tt.extern_elementwise", "tt.precise_sqrt", "tt.precise_divf", "arith.ceildivsi",
        "arith.floordivsi", "math.copysign", "math.powf", "math.atan2", "tt.clampf"])
 
@@ -160,8 +172,8 @@ class Elementwise:
             return b.select(args[0], args[1], args[2])
         if name == "arith.negf":
             return b.fneg(args[0])
-        if name in ("math.exp", "math.log"):
-            return self._exp_log(b, name[5:], args[0])
+        if name in _VECMATH_UNARY:
+            return self._vecmath(b, _VECMATH_UNARY[name], args[0])
         if name == "math.exp2":
             return self._exp2(b, args[0], width)
         if name in _FLOAT_INTRINSIC_UNARY:
@@ -196,7 +208,7 @@ class Elementwise:
             low = self.intrinsic(b, "llvm.maxnum", [args[0], args[1]])
             return self.intrinsic(b, "llvm.minnum", [low, args[2]])
         if name == "tt.extern_elementwise":
-            return self._extern(b, dict(attrs)["symbol"], args)
+            return self._extern(b, dict(attrs)["symbol"], args, arg_elems, result_elem)
         if name in _CASTS:
             return self._cast(b, name, args[0], arg_elems[0], result_elem, result_ty)
         raise TileError(f"no elementwise rule for {name}")
@@ -211,7 +223,7 @@ class Elementwise:
             return self.emit(b, name, attrs, wide, elems, result_elem)
         return f32_to_bf16(b, self.emit(b, name, attrs, wide, elems, "f32"), width)
 
-    def _exp_log(self, b: ir.IRBuilder, op: str, value: ir.Value) -> ir.Value:
+    def _vecmath(self, b: ir.IRBuilder, op: str, value: ir.Value) -> ir.Value:
         ty = value.type
         scalar = ty.element if isinstance(ty, ir.VectorType) else ty
         if isinstance(scalar, ir.HalfType):
@@ -275,11 +287,13 @@ class Elementwise:
             return b.select(b.and_(inexact, same_sign), b.add(quotient, one), quotient)
         return b.select(b.and_(inexact, b.not_(same_sign)), b.sub(quotient, one), quotient)
 
-    def _extern(self, b: ir.IRBuilder, symbol: str, args) -> ir.Value:
+    def _extern(self, b: ir.IRBuilder, symbol: str, args, arg_elems, result_elem) -> ir.Value:
         base = symbol[:-1] if symbol.endswith("f") and symbol[:-1] in _LIBDEVICE_BASES \
             else symbol
         if base not in _LIBDEVICE_BASES:
             raise TileError(f"extern function `{symbol}` is not available on the CPU")
+        if base in _EXTERN_AS_OP:
+            return self.emit(b, _EXTERN_AS_OP[base], (), args, arg_elems, result_elem)
         return self.libm(b, base, args)
 
     def _cast(self, b, name, value, source: str, target: str, result_ty) -> ir.Value:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from . import bounds, memory, shapes, tiles
+from . import bounds, fused_loads, memory, shapes, tiles
 from .analysis import axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
@@ -38,6 +38,7 @@ from .elementwise import (
     splat_constant,
     storage_type,
 )
+from .fused_loads import LoadFusion
 from .tileir import Block, Op, Program, TileError, TileType, Value, element_bytes, walk
 
 CHUNK = 16  # lanes of a vector chunk (one AVX-512 register of f32)
@@ -67,7 +68,7 @@ class Lazy:
     fuse, and pointer and mask tiles of contiguous accesses are never built)."""
 
     type: TileType
-    kind: str  # const | splat | range | map | addptr | view | broadcast
+    kind: str  # const | splat | range | map | addptr | view | broadcast | load
     operands: tuple = ()
     op: Op | None = None
     payload: object = None
@@ -104,6 +105,9 @@ class ProgramEmitter:
         self.region_width = 0  # >0 while a combine region runs on vectors
         self.check_sites: list[str] = []
         self.uses = _use_counts(program.body)
+        # ops reading each value: `x * x` evaluates both operands' chunk at one index,
+        # and LLVM merges the two identical reads, so it is one reader of x
+        self.reader_ops = _use_counts(program.body, distinct=True)
         # loop-carried tiles (their frame slots are the loop's own): a dot whose
         # accumulator is one of them, read by nothing else, accumulates in place
         self.carried_args = {arg.id for op in walk(program.body) if op.name == "scf.for"
@@ -111,6 +115,7 @@ class ProgramEmitter:
         self.deferred_dots: dict[int, object] = {}  # dot result id -> kloop.DeferredDot
         # loaded tiles stored elsewhere than a tile of their own: id -> store(index, chunk)
         self.load_sinks: dict[int, object] = {}
+        self.fusion = LoadFusion(program.body)
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
@@ -172,6 +177,7 @@ class ProgramEmitter:
         name = op.name
         self.current_op = op
         try:
+            self.fusion.settle(self, op)
             handler = _HANDLERS.get(name)
             if handler is not None:
                 handler(self, op)
@@ -246,7 +252,7 @@ class ProgramEmitter:
     def _keep(self, result: Value, lazy: Lazy):
         """Bind `result` to `lazy`, or to its stored tile when recomputing it per reader
         would cost more than storing it."""
-        readers = self.uses.get(result.id, 0)
+        readers = self.reader_ops.get(result.id, 0)
         if lazy.cost > LAZY_COST_LIMIT or (readers > 1 and lazy.cost > SHARED_COST_LIMIT):
             self.env[result.id] = self.materialize(lazy)
         else:
@@ -266,6 +272,8 @@ class ProgramEmitter:
             lanes = ir.Constant(ir.VectorType(I32, width),
                                 [ir.Constant(I32, k) for k in range(width)])
             return self.b.add(self.splat(base, width), lanes)
+        if kind == "load":
+            return memory.fused_load_chunk(self, lazy, index, width)
         if kind in ("map", "addptr"):
             args = [self.load_chunk(v, index, width) for v in lazy.operands]
             if kind == "addptr":
@@ -435,6 +443,15 @@ class ProgramEmitter:
         self._keep(result, Lazy(result.type, "addptr", sources, op, payload=size,
                                 cost=1 + sum(_cost(s) for s in sources)))
 
+    def lazy_load(self, op: Op, addresses, masks, others) -> Lazy:
+        """A load read where its one reader evaluates it (fused_loads.py)."""
+        lazy = Lazy(op.result.type, "load", tuple(v for v in (addresses, masks, others)
+                                                   if v is not None), op,
+                    payload=(masks is not None, others is not None),
+                    cost=fused_loads.LOAD_COST)
+        self.fusion.pending.add(id(lazy))
+        return lazy
+
     def splat_lazy(self, scalar: ir.Value, shape: tuple[int, ...]) -> Lazy:
         elem = f"i{scalar.type.width}"
         return Lazy(TileType(elem, shape), "splat", payload=scalar)
@@ -466,10 +483,13 @@ def _cost(value) -> int:
     return value.cost if isinstance(value, Lazy) else 0
 
 
-def _use_counts(block: Block) -> dict[int, int]:
+def _use_counts(block: Block, distinct: bool = False) -> dict[int, int]:
+    """How often each value is an operand (distinct: of how many ops)."""
     counts: dict[int, int] = {}
     for op in walk(block):
-        for value in op.operands:
+        operands = {value.id: value for value in op.operands}.values() if distinct \
+            else op.operands
+        for value in operands:
             counts[value.id] = counts.get(value.id, 0) + 1
     return counts
 

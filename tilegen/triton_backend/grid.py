@@ -51,6 +51,9 @@ def _emit_worker(module: ir.Module, worker: ir.Function, program: ir.Function) -
     last = b.sdiv(b.mul(total, b.add(tid, ir.Constant(I64, 1))), count)
     own_frame = b.inttoptr(b.add(scratch, b.mul(tid, frame)), PTR)
     args_pointer, status_pointer = b.inttoptr(kernel_args, PTR), b.inttoptr(status, PTR)
+    # (x, y, z) of the program id, divided out once and then stepped (three 64-bit
+    # divisions per program cost a vector add's program about a tenth of its time)
+    start = (b.srem(first, nx), b.srem(b.sdiv(first, nx), ny), b.sdiv(first, b.mul(nx, ny)))
     pre = b.block
     header = worker.append_basic_block("programs")
     body = worker.append_basic_block("program")
@@ -59,18 +62,25 @@ def _emit_worker(module: ir.Module, worker: ir.Function, program: ir.Function) -
     b.position_at_end(header)
     index = b.phi(I64)
     index.add_incoming(first, pre)
+    x, y, z = (b.phi(I64) for _ in range(3))
+    for phi, value in zip((x, y, z), start, strict=True):
+        phi.add_incoming(value, pre)
     failed = b.load(status_pointer, typ=I64)  # a failed bounds check stops the grid
     running = b.and_(b.icmp_signed("<", index, last),
                      b.icmp_signed("==", failed, ir.Constant(I64, 0)))
     b.cbranch(running, body, done)
     b.position_at_end(body)
-    x = b.srem(index, nx)
-    y = b.srem(b.sdiv(index, nx), ny)
-    z = b.sdiv(index, b.mul(nx, ny))
     ids = [b.trunc(v, I32) for v in (x, y, z, nx, ny, nz)]
     b.call(program, [args_pointer, *ids, own_frame, status_pointer])
-    following = b.add(index, ir.Constant(I64, 1))
-    index.add_incoming(following, b.block)
+    one, zero = ir.Constant(I64, 1), ir.Constant(I64, 0)
+    next_x = b.add(x, one)
+    x_wraps = b.icmp_signed("==", next_x, nx)
+    next_y = b.select(x_wraps, b.add(y, one), y)
+    y_wraps = b.icmp_signed("==", next_y, ny)
+    for phi, value in ((index, b.add(index, one)), (x, b.select(x_wraps, zero, next_x)),
+                       (y, b.select(y_wraps, zero, next_y)),
+                       (z, b.select(y_wraps, b.add(z, one), z))):
+        phi.add_incoming(value, b.block)
     b.branch(header)
     b.position_at_end(done)
     b.ret_void()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from . import fused_loads
 from .elementwise import (
     I1,
     I32,
@@ -83,18 +84,18 @@ def load(e, op) -> None:
     dynamic = stride is None and chunk_width(result.type) >= 4
     # a K loop's operand goes straight into its packed buffer (kloop.py)
     sink = e.load_sinks.get(result.id)
+    if contiguous and sink is None and e.fusion.fusible(e, op):
+        e.env[result.id] = e.lazy_load(op, e.env[pointer.id],
+                                       e.env[mask.id] if mask is not None else None,
+                                       e.env[other.id] if other is not None else None)
+        return
     out = sink if sink is not None else e.alloc(result.type)
     addresses = e.env[pointer.id]
     masks = e.env[mask.id] if mask is not None else None
     others = e.env[other.id] if other is not None else None
 
-    def vector_load(address, lane_mask, passthru, vector_ty):
-        first = e.b.inttoptr(address, PTR)
-        if lane_mask is None:
-            return e.b.load(first, typ=vector_ty, align=align)
-        function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
-                                vector_ty, [PTR, I32, lane_mask.type, vector_ty])
-        return e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
+    def contiguous_read(address, lane_mask, passthru, vector_ty):
+        return vector_load(e, address, lane_mask, passthru, vector_ty, align)
 
     def gather(chunk, lane_mask, passthru, vector_ty, width):
         if lane_mask is None:
@@ -113,7 +114,7 @@ def load(e, op) -> None:
         if contiguous:  # only the first lane's address is needed
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
-            raw = vector_load(address, lane_mask, passthru, vector_ty)
+            raw = contiguous_read(address, lane_mask, passthru, vector_ty)
         else:
             chunk = e.load_chunk(addresses, index, width)
             e.check_bounds(op, chunk, lane_mask, width, align)
@@ -121,7 +122,7 @@ def load(e, op) -> None:
                 first = e.b.extract_element(chunk, ir.Constant(I32, 0))
                 with e.b.if_else(_is_run(e, chunk, first, width, align)) as (run, scattered):
                     with run:
-                        contiguous_raw = vector_load(first, lane_mask, passthru, vector_ty)
+                        contiguous_raw = contiguous_read(first, lane_mask, passthru, vector_ty)
                         run_block = e.b.block
                     with scattered:
                         gathered_raw = gather(chunk, lane_mask, passthru, vector_ty, width)
@@ -135,10 +136,53 @@ def load(e, op) -> None:
 
     if _column_contiguous(e, pointer, result.type, align):
         _transposing_load(e, result.type, out, addresses, masks, others, memory_ty, align,
-                          vector_load, elem)
+                          contiguous_read, elem)
     else:
         e.chunks(result.type, body)
     e.env[result.id] = out
+
+
+def vector_load(e, address, lane_mask, passthru, vector_ty, align: int) -> ir.Value:
+    """A contiguous vector read from `address`, under `lane_mask` if there is one."""
+    first = e.b.inttoptr(address, PTR)
+    if lane_mask is None:
+        return e.b.load(first, typ=vector_ty, align=align)
+    function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
+                            vector_ty, [PTR, I32, lane_mask.type, vector_ty])
+    return e.b.call(function, [first, ir.Constant(I32, align), lane_mask, passthru])
+
+
+def fused_load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
+    """Lanes [index, index + width) of a fused load (fused_loads.py), read from memory
+    now (width 0: one element, read as a one-lane masked load when there is a mask)."""
+    op = lazy.op
+    elem = op.result.type.elem
+    align = element_bytes(elem)
+    has_mask, has_other = lazy.payload
+    addresses, *rest = lazy.operands
+    masks = rest.pop(0) if has_mask else None
+    others = rest.pop(0) if has_other else None
+    lanes = max(width, 1)
+    vector_ty = ir.VectorType(_memory_type(elem), lanes)
+
+    def chunk(value):
+        read = e.load_chunk(value, index, width)
+        if width:
+            return read
+        return e.b.insert_element(ir.Constant(of_width(read.type, 1), None), read,
+                                  ir.Constant(I32, 0))
+    lane_mask = chunk(masks) if masks is not None else None
+    passthru = _to_memory(e, chunk(others), elem) if others is not None \
+        else ir.Constant(vector_ty, None)
+    address = e.load_chunk(addresses, index, 0)
+    e.check_bounds(op, address, lane_mask, lanes, align, contiguous=True)
+    if lane_mask is None and not width:
+        return _to_value(e, e.b.load(e.b.inttoptr(address, PTR), align=align,
+                                     typ=_memory_type(elem)), elem)
+    raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
+    if not width:
+        raw = e.b.extract_element(raw, ir.Constant(I32, 0))
+    return _to_value(e, raw, elem)
 
 
 def _put(e, out, index, value) -> None:
@@ -235,7 +279,7 @@ def store(e, op) -> None:
     stride = e.strides.get(pointer.id)
     contiguous = stride == align
     dynamic = stride is None and chunk_width(value.type) >= 4
-    addresses, values = e.env[pointer.id], e.env[value.id]
+    addresses = e.env[pointer.id]
     masks = e.env[mask.id] if mask is not None else None
 
     def vector_store(address, lane_mask, data, vector_ty):
@@ -256,7 +300,7 @@ def store(e, op) -> None:
             ir.VoidType(), [vector_ty, pointers.type, I32, lane_mask.type])
         e.b.call(function, [data, pointers, ir.Constant(I32, align), lane_mask])
 
-    def body(index, width):
+    def body(values, index, width):
         vector_ty = ir.VectorType(memory_ty, width)
         lane_mask = e.load_chunk(masks, index, width) if masks is not None else None
         data = _to_memory(e, e.load_chunk(values, index, width), elem)
@@ -277,7 +321,8 @@ def store(e, op) -> None:
         else:
             scatter(chunk, lane_mask, data, vector_ty, width)
 
-    e.chunks(value.type, body)
+    fused_loads.guarded_store(e, op, lambda values: e.chunks(
+        value.type, lambda index, width: body(values, index, width)))
 
 
 def atomic_rmw(e, op) -> None:
