@@ -1,0 +1,293 @@
+"""Packed BF16 matrix multiply on AMX: `tdpbf16ps`, a 16 x 16 f32 tile += 16 x 32 bf16 times
+32 x 16 bf16 per instruction.
+
+An AMX gemm is a bf16 `Gemm` (tilegen/gemm_bf16.py) whose register block is whole tiles
+(`is_amx_block`: mr = 32, or 16 for products of at most 16 rows; nr = 32), emitted for a
+target with AMX-BF16 and AMX-TILE. It runs gemm.py's loop structure (column, depth and row
+blocks, threads) and gemm_bf16's packing, with every panel padded to whole tiles:
+
+    Ap[r * stride + k]         stride a multiple of 32 bf16 (64 bytes: one tile row);
+                               zeros from kc up to the next multiple of 32
+    Bp[panel][p][j][2]         as the `vdpbf16ps` kernel packs it (pairs of depths
+                               interleaved per column, which is AMX's "VNNI" layout),
+                               32 columns per panel, zero pairs up to a multiple of 16
+
+so a B tile (16 pairs x 16 columns, 64 bytes a row) is 16 rows of a panel 128 bytes apart,
+and the panel's second tile starts 64 bytes in. Padding depths are zero in both A and B:
+zero times anything finite is 0, and packing never reads past the operands, so no Inf or
+NaN of uninitialised memory meets a zero.
+
+The micro-kernel keeps 2 x 2 accumulator tiles (C, 32 x 32 f32) in tile registers across
+its depth loop (x86_amx phis) and loads 2 tiles of A and 2 of B per 32 depths: all 8 tile
+registers. It is written with LLVM's shape-carrying intrinsics
+(`llvm.x86.tileloadd64.internal`, `tdpbf16ps.internal`, `tilestored64.internal`), whose
+row and byte-column operands are constants, so LLVM writes the tile configuration and
+the `ldtilecfg` itself (and `tilerelease` on return). The accumulators start from C
+itself when the block is whole and not the first depth block, from a zero constant when it
+is the first, and from a 32 x 32 staging block on the stack for the ragged blocks at the
+edges of C, which are copied in and out under row and column masks.
+
+Tile instructions need the operating system's consent (target.amx_tile_permission);
+gemm_bf16.bf16_kernel asks for it before it picks AMX, so JIT code never runs a tile
+instruction the process may not execute. A library built with AMX needs its host process
+to have asked too (tilegen.load_library does; docs/aot.md says how from C).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from . import loopir as L
+from .gemm import I64, PACKED_EMITTERS, PTR, declare_intrinsic, element_pointer, splat
+from .gemm_bf16 import (
+    AMX_DEPTH,
+    AMX_TILE_ROWS,
+    LANES,
+    Bf16DotEmitter,
+    amx_usable,
+    is_amx_block,
+)
+
+I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+F32 = ir.FloatType()
+TILE_BYTES = 64  # bytes per tile row: 16 f32 or 32 bf16
+TILE_COLUMNS = 16  # f32 columns of an accumulator tile
+
+
+class _AmxTile(ir.Type):
+    """LLVM's `x86_amx`, a tile register's value (llvmlite.ir has no such type)."""
+
+    def _to_string(self) -> str:
+        return "x86_amx"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _AmxTile)
+
+    def __hash__(self) -> int:
+        return hash(_AmxTile)
+
+
+TILE = _AmxTile()
+
+
+def _round_up(b: ir.IRBuilder, value, multiple: int):
+    return b.and_(b.add(value, ir.Constant(I64, multiple - 1)), ir.Constant(I64, -multiple))
+
+
+class AmxEmitter(Bf16DotEmitter):
+    """Bf16DotEmitter's packing with panels padded to whole tiles, and the AMX
+    micro-kernel."""
+
+    def __init__(self, cg, gemm: L.Gemm):
+        super().__init__(cg, gemm)
+        self.a_stride = -(-gemm.tiles.kc // AMX_DEPTH) * AMX_DEPTH
+
+    def panel_depth(self, kc):
+        return _round_up(self.b, kc, AMX_DEPTH)
+
+    def b_panel_elements(self) -> int:
+        return self.a_stride * self.tiles.nc
+
+    def pack_b(self, packed, jc, nc, pc, kc) -> None:
+        """gemm_bf16's panels, then zero pairs from ceil(kc / 2) to the panel's depth."""
+        super().pack_b(packed, jc, nc, pc, kc)
+        b, nr = self.b, self.tiles.nr
+        depth = self.panel_depth(kc)
+        zero = ir.Constant(ir.VectorType(I16, 2 * LANES), None)
+
+        def panel(jr, carried):
+            def pair(p, carried):
+                for part in range(self.vectors_per_row):
+                    offset = b.add(b.add(b.mul(jr, depth), b.mul(p, self.const(2 * nr))),
+                                   self.const(part * 2 * LANES))
+                    b.store(zero, self.gep(packed, offset), align=2)
+                return carried
+            self.cg.loop(self.written_pairs(kc), b.ashr(depth, self.const(1)), 1, [], pair)
+            return carried
+        self.cg.loop(self.const(0), nc, nr, [], panel)
+
+    def pack_a(self, packed, ic, mc, pc, kc) -> None:
+        """gemm_bf16's rows (zeros from kc up to a multiple of 16), then zeros up to the next
+        multiple of 32 where that is further."""
+        super().pack_a(packed, ic, mc, pc, kc)
+        b = self.b
+        written = _round_up(b, kc, LANES)
+        zero = ir.Constant(ir.VectorType(I16, LANES), None)
+        with b.if_then(b.icmp_signed("<", written, self.panel_depth(kc))):
+            def row(r, carried):
+                offset = b.add(b.mul(r, self.const(self.a_stride)), written)
+                b.store(zero, self.gep(packed, offset), align=2)
+                return carried
+            self.cg.loop(self.const(0), mc, 1, [], row)
+
+    def micro_kernel(self) -> ir.Function:
+        return amx_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr, self.a_stride)
+
+    def micro_steps(self, kc):
+        return self.b.ashr(self.panel_depth(kc), self.const(5))  # steps of AMX_DEPTH
+
+
+def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.Function:
+    """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first)` (the
+    signature of gemm.micro_kernel_function, steps counting 32 depths):
+    C[r, j] (+)= sum over d < 32 steps of Ap[r * a_stride + d] * B[d, j] for r < rows (at
+    most mr) and j < cols (at most nr), B read from its pair-interleaved panel."""
+    name = f"tilegen.gemm.amx.{mr}x{nr}.s{a_stride}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    row_tiles, column_tiles = mr // AMX_TILE_ROWS, nr // TILE_COLUMNS
+    load = declare_intrinsic(module, "llvm.x86.tileloadd64.internal", TILE,
+                             [I16, I16, PTR, I64])
+    dot = declare_intrinsic(module, "llvm.x86.tdpbf16ps.internal", TILE,
+                            [I16, I16, I16, TILE, TILE, TILE])
+    store = declare_intrinsic(module, "llvm.x86.tilestored64.internal", ir.VoidType(),
+                              [I16, I16, PTR, I64, TILE])
+    zeros = _zero_rows(module)
+
+    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1])
+    function = ir.Function(module, fnty, name)
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    function.attributes.add("noinline")
+    a, bp, steps, c, ldc, rows, cols, first = function.args
+    for arg in (a, bp, c):
+        arg.add_attribute("noalias")
+    b = ir.IRBuilder(function.append_basic_block("entry"))
+
+    def const(value, typ=I64):
+        return ir.Constant(typ, value)
+
+    tile_rows, tile_bytes = const(AMX_TILE_ROWS, I16), const(TILE_BYTES, I16)
+    byte = I8
+    stage = b.alloca(ir.ArrayType(F32, mr * nr), name="stage")
+    stage.align = 64
+    whole = b.and_(b.icmp_signed(">=", rows, const(mr)), b.icmp_signed(">=", cols, const(nr)))
+    c_stride = b.mul(ldc, const(4))
+    stage_stride = const(4 * nr)
+
+    # A ragged block (not first) starts from C's values copied into the staging block.
+    vector = ir.VectorType(F32, LANES)
+    masks = _column_masks(module, b, cols, nr)
+    with b.if_then(b.and_(b.not_(whole), b.not_(first))):
+        for r in range(mr):
+            with b.if_then(b.icmp_signed("<", const(r), rows)):
+                for part, (mask, masked_load, _) in enumerate(masks):
+                    source = element_pointer(b, c, b.add(b.mul(const(r), ldc),
+                                                         const(part * LANES)), F32)
+                    value = b.call(masked_load, [source, const(4, I32), mask,
+                                                 ir.Constant(vector, None)])
+                    b.store(value, element_pointer(b, stage, const(r * nr + part * LANES),
+                                                   F32), align=4)
+    start = b.select(whole, c, stage)
+    start_stride = b.select(whole, c_stride, stage_stride)
+    start = b.select(first, zeros, start)
+    start_stride = b.select(first, const(0), start_stride)
+
+    def c_tile(base, stride, tr, tc):
+        offset = b.add(b.mul(const(tr * AMX_TILE_ROWS), stride), const(tc * TILE_BYTES))
+        return element_pointer(b, base, offset, byte)
+
+    initial = [b.call(load, [tile_rows, tile_bytes, c_tile(start, start_stride, tr, tc),
+                             start_stride])
+               for tr in range(row_tiles) for tc in range(column_tiles)]
+
+    # The depth loop: per 32 depths, row_tiles A tiles and column_tiles B tiles.
+    entry = b.block
+    loop = function.append_basic_block("depth")
+    done = function.append_basic_block("store")
+    b.cbranch(b.icmp_signed(">", steps, const(0)), loop, done)
+    b.position_at_end(loop)
+    step = b.phi(I64, name="step")
+    step.add_incoming(const(0), entry)
+    accumulators = []
+    for value in initial:
+        phi = b.phi(TILE)
+        phi.add_incoming(value, entry)
+        accumulators.append(phi)
+    a_row_bytes = const(2 * a_stride)
+    b_row_bytes = const(2 * 2 * nr)  # one depth pair of nr columns
+    a_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
+        b, a, b.add(b.mul(step, const(2 * AMX_DEPTH)),
+                    const(tr * AMX_TILE_ROWS * 2 * a_stride)), byte), a_row_bytes])
+        for tr in range(row_tiles)]
+    b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * nr))  # 16 pairs per step
+    b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
+        b, bp, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
+        for tc in range(column_tiles)]
+    updated = [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
+                            accumulators[tr * column_tiles + tc], a_tiles[tr], b_tiles[tc]])
+               for tr in range(row_tiles) for tc in range(column_tiles)]
+    following = b.add(step, const(1), flags=("nsw",))
+    latch = b.block
+    step.add_incoming(following, latch)
+    for phi, value in zip(accumulators, updated, strict=True):
+        phi.add_incoming(value, latch)
+    b.cbranch(b.icmp_signed("<", following, steps), loop, done)
+
+    # Whole blocks go straight to C; ragged ones through the staging block, then under masks.
+    b.position_at_end(done)
+    finals = []
+    for start_value, value in zip(initial, updated, strict=True):
+        final = b.phi(TILE)
+        final.add_incoming(start_value, entry)
+        final.add_incoming(value, latch)
+        finals.append(final)
+    out = b.select(whole, c, stage)
+    out_stride = b.select(whole, c_stride, stage_stride)
+    for index, final in enumerate(finals):
+        tr, tc = divmod(index, column_tiles)
+        b.call(store, [tile_rows, tile_bytes, c_tile(out, out_stride, tr, tc), out_stride,
+                       final])
+    with b.if_then(b.not_(whole)):
+        for r in range(mr):
+            with b.if_then(b.icmp_signed("<", const(r), rows)):
+                for part, (mask, _, masked_store) in enumerate(masks):
+                    value = b.load(element_pointer(b, stage, const(r * nr + part * LANES),
+                                                   F32), typ=vector, align=4)
+                    target = element_pointer(b, c, b.add(b.mul(const(r), ldc),
+                                                         const(part * LANES)), F32)
+                    b.call(masked_store, [value, target, const(4, I32), mask])
+    b.ret_void()
+    return function
+
+
+def _column_masks(module, b, cols, nr):
+    """Per vector of a row of nr f32: (lanes below cols, masked load, masked store)."""
+    vector = ir.VectorType(F32, LANES)
+    mask_type = ir.VectorType(I1, LANES)
+    masked_load = declare_intrinsic(module, "llvm.masked.load.v16f32.p0", vector,
+                                    [PTR, I32, mask_type, vector])
+    masked_store = declare_intrinsic(module, "llvm.masked.store.v16f32.p0", ir.VoidType(),
+                                     [vector, PTR, I32, mask_type])
+    steps = ir.Constant(ir.VectorType(I64, LANES), list(range(LANES)))
+    return [(b.icmp_signed("<", b.add(splat(b, ir.Constant(I64, part * LANES), LANES), steps),
+                           splat(b, cols, LANES)), masked_load, masked_store)
+            for part in range(nr // LANES)]
+
+
+def _zero_rows(module: ir.Module) -> ir.GlobalVariable:
+    """128 zero bytes: the first depth block's accumulators load from here with a row
+    stride of 0 (the second column of tiles starts 64 bytes in)."""
+    name = "tilegen.gemm.amx.zeros"
+    found = module.globals.get(name)
+    if found is not None:
+        return found
+    zeros = ir.GlobalVariable(module, ir.ArrayType(I8, 2 * TILE_BYTES), name)
+    zeros.initializer = ir.Constant(ir.ArrayType(I8, 2 * TILE_BYTES), None)
+    zeros.global_constant = True
+    zeros.linkage = "internal"
+    zeros.align = 64
+    return zeros
+
+
+def bf16_emitter(cg, gemm: L.Gemm):
+    """The emitter of a bf16 gemm: AMX for a block of whole tiles where gemm_bf16.amx_usable
+    says so (the lowering picks such blocks only when bf16_kernel chose AMX; a .loops file
+    may have them anywhere), else `vdpbf16ps`."""
+    if is_amx_block(gemm.tiles) and amx_usable(cg.target)[0]:
+        return AmxEmitter(cg, gemm)
+    return Bf16DotEmitter(cg, gemm)
+
+
+PACKED_EMITTERS[L.BF16_STORAGE] = bf16_emitter
