@@ -474,9 +474,6 @@ class _GemmEmitter:
         t, g, b = self.tiles, self.g, self.b
         kernel = self.micro_kernel()
         steps = self.micro_steps(kc)
-        out = self.cg.pointers[g.out]
-        flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
-        batch_offset = b.mul(flat_batch, self.const(g.m * g.n))
 
         def panel(jr, carried):
             col0 = b.add(jc, jr)
@@ -484,8 +481,7 @@ class _GemmEmitter:
 
             def block(ir_, carried):
                 row0 = b.add(ic, ir_)
-                c = element_pointer(b, out, b.add(batch_offset, b.add(
-                    b.mul(row0, self.const(g.n)), col0)), self.element)
+                c = self.c_pointer(row0, col0)
                 b.call(kernel, [self.gep(packed_a, b.mul(ir_, self.const(self.a_stride))),
                                 self.gep(packed_b, self.b_panel_offset(jr, kc)), steps, c,
                                 self.const(g.n),
@@ -494,6 +490,15 @@ class _GemmEmitter:
             self.cg.loop(self.const(0), mc, t.mr, [], block)
             return carried
         self.cg.loop(self.const(0), nc, t.nr, [], panel)
+
+
+    def c_pointer(self, row, column):
+        """&C[batch..., row, column] (the batch entry from the gemm's batch variables)."""
+        g, b = self.g, self.b
+        flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
+        offset = b.add(b.mul(flat_batch, self.const(g.m * g.n)),
+                       b.add(b.mul(row, self.const(g.n)), column))
+        return element_pointer(b, self.cg.pointers[g.out], offset, self.element)
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,

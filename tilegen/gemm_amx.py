@@ -52,6 +52,9 @@ I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
 TILE_BYTES = 64  # bytes per tile row: 16 f32 or 32 bf16
 TILE_COLUMNS = 16  # f32 columns of an accumulator tile
+# The kernel status when Linux refuses tile data (runtime.py and cabi.py report it).
+STATUS_NO_TILE_DATA = -2
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 
 class _AmxTile(ir.Type):
@@ -80,7 +83,35 @@ class AmxEmitter(Bf16DotEmitter):
 
     def __init__(self, cg, gemm: L.Gemm):
         super().__init__(cg, gemm)
-        self.a_stride = -(-gemm.tiles.kc // AMX_DEPTH) * AMX_DEPTH
+        # Rows of whole tile rows, plus one: at a power-of-two stride (2 KB for kc = 1024)
+        # a tile's 16 rows fall into two L1 sets and evict each other.
+        self.a_stride = -(-gemm.tiles.kc // AMX_DEPTH) * AMX_DEPTH + AMX_DEPTH
+
+    def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
+        self.request_tile_data()
+        super().rows(row_lo, row_hi, col_lo, col_hi)
+
+    def request_tile_data(self) -> None:
+        """Ask Linux for tile data once per loaded copy of the code (a flag in the module),
+        before the first tile instruction: the JIT's process has asked already
+        (gemm_bf16.bf16_kernel), but a library may be loaded by any program. A refusal
+        ends the kernel with STATUS_NO_TILE_DATA instead of SIGILL."""
+        b, module = self.b, self.cg.module
+        name = "tilegen.gemm.amx.granted"
+        granted = module.globals.get(name)
+        if granted is None:
+            granted = ir.GlobalVariable(module, I8, name)
+            granted.initializer = ir.Constant(I8, 0)
+            granted.linkage = "internal"
+        asked = b.load_atomic(granted, "monotonic", 1)
+        with b.if_then(b.icmp_unsigned("==", asked, ir.Constant(I8, 0)), likely=False):
+            syscall = self.cg.declare("syscall", ir.FunctionType(I64, [I64], var_arg=True))
+            status = b.call(syscall, [self.const(_SYS_ARCH_PRCTL),
+                                      self.const(_ARCH_REQ_XCOMP_PERM),
+                                      self.const(_XFEATURE_XTILEDATA)])
+            with b.if_then(b.icmp_signed("!=", status, self.const(0)), likely=False):
+                self.cg.exit_with(self.const(STATUS_NO_TILE_DATA))
+            b.store_atomic(ir.Constant(I8, 1), granted, "monotonic", 1)
 
     def panel_depth(self, kc):
         return _round_up(self.b, kc, AMX_DEPTH)
@@ -123,15 +154,35 @@ class AmxEmitter(Bf16DotEmitter):
     def micro_kernel(self) -> ir.Function:
         return amx_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr, self.a_stride)
 
+    def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
+                    col_end) -> None:
+        """gemm.py's micro_tiles with one kernel call per B micro-panel for all of the A
+        block's register blocks (amx_micro_kernel's `blocks`)."""
+        g, b = self.g, self.b
+        kernel = self.micro_kernel()
+        steps = self.micro_steps(kc)
+        blocks = b.sdiv(b.add(mc, self.const(self.tiles.mr - 1)), self.const(self.tiles.mr))
+
+        def panel(jr, carried):
+            col0 = b.add(jc, jr)
+            b.call(kernel, [packed_a, self.gep(packed_b, self.b_panel_offset(jr, kc)), steps,
+                            self.c_pointer(ic, col0), self.const(g.n),
+                            b.sub(row_hi, ic), b.sub(col_end, col0), first, blocks])
+            return carried
+        self.cg.loop(self.const(0), nc, self.tiles.nr, [], panel)
+
     def micro_steps(self, kc):
         return self.b.ashr(self.panel_depth(kc), self.const(5))  # steps of AMX_DEPTH
 
 
 def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.Function:
-    """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first)` (the
-    signature of gemm.micro_kernel_function, steps counting 32 depths):
-    C[r, j] (+)= sum over d < 32 steps of Ap[r * a_stride + d] * B[d, j] for r < rows (at
-    most mr) and j < cols (at most nr), B read from its pair-interleaved panel."""
+    """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first,
+    i64 blocks)`: gemm.micro_kernel_function's signature (steps counting 32 depths) with
+    `blocks` register blocks of mr rows one after the other: for q < blocks,
+    C[q mr + r, j] (+)= sum over d < 32 steps of Ap[(q mr + r) a_stride + d] * B[d, j] for
+    q mr + r < rows and j < cols (at most nr), B read from its pair-interleaved panel.
+    One call per B micro-panel and A block: `ldtilecfg` and `tilerelease` cost about as
+    much as a block's 32 x 32 x 1024 products, so they are paid once per call."""
     name = f"tilegen.gemm.amx.{mr}x{nr}.s{a_stride}"
     existing = module.globals.get(name)
     if existing is not None:
@@ -145,13 +196,13 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
                               [I16, I16, PTR, I64, TILE])
     zeros = _zero_rows(module)
 
-    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1])
+    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1, I64])
     function = ir.Function(module, fnty, name)
     function.linkage = "internal"
     function.attributes.add("nounwind")
     function.attributes.add("noinline")
-    a, bp, steps, c, ldc, rows, cols, first = function.args
-    for arg in (a, bp, c):
+    a_first, bp, steps, c_first, ldc, rows_first, cols, first, blocks = function.args
+    for arg in (a_first, bp, c_first):
         arg.add_attribute("noalias")
     b = ir.IRBuilder(function.append_basic_block("entry"))
 
@@ -162,13 +213,25 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
     byte = I8
     stage = b.alloca(ir.ArrayType(F32, mr * nr), name="stage")
     stage.align = 64
-    whole = b.and_(b.icmp_signed(">=", rows, const(mr)), b.icmp_signed(">=", cols, const(nr)))
     c_stride = b.mul(ldc, const(4))
     stage_stride = const(4 * nr)
-
-    # A ragged block (not first) starts from C's values copied into the staging block.
     vector = ir.VectorType(F32, LANES)
     masks = _column_masks(module, b, cols, nr)
+
+    # The loop over register blocks.
+    before = b.block
+    outer = function.append_basic_block("block")
+    finished = function.append_basic_block("finished")
+    b.cbranch(b.icmp_signed(">", blocks, const(0)), outer, finished)
+    b.position_at_end(outer)
+    block = b.phi(I64, name="q")
+    block.add_incoming(const(0), before)
+    a = element_pointer(b, a_first, b.mul(block, const(mr * a_stride * 2)), byte)
+    c = element_pointer(b, c_first, b.mul(b.mul(block, const(mr)), c_stride), byte)
+    rows = b.sub(rows_first, b.mul(block, const(mr)))
+    whole = b.and_(b.icmp_signed(">=", rows, const(mr)), b.icmp_signed(">=", cols, const(nr)))
+
+    # A ragged block (not first) starts from C's values copied into the staging block.
     with b.if_then(b.and_(b.not_(whole), b.not_(first))):
         for r in range(mr):
             with b.if_then(b.icmp_signed("<", const(r), rows)):
@@ -248,6 +311,10 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
                     target = element_pointer(b, c, b.add(b.mul(const(r), ldc),
                                                          const(part * LANES)), F32)
                     b.call(masked_store, [value, target, const(4, I32), mask])
+    following_block = b.add(block, const(1))
+    block.add_incoming(following_block, b.block)
+    b.cbranch(b.icmp_signed("<", following_block, blocks), outer, finished)
+    b.position_at_end(finished)
     b.ret_void()
     return function
 
