@@ -27,10 +27,12 @@ itself when the block is whole and not the first depth block, from a zero consta
 is the first, and from a 32 x 32 staging block on the stack for the ragged blocks at the
 edges of C, which are copied in and out under row and column masks.
 
-Tile instructions need the operating system's consent (target.amx_tile_permission);
-gemm_bf16.bf16_kernel asks for it before it picks AMX, so JIT code never runs a tile
-instruction the process may not execute. A library built with AMX needs its host process
-to have asked too (tilegen.load_library does; docs/aot.md says how from C).
+Tile instructions need the operating system's consent (target.amx_tile_permission):
+gemm_bf16.bf16_kernel asks for it before it picks AMX, and takes another kernel when it is
+refused. The code asks again itself before its first tile instruction (once per loaded
+copy, `request_tile_data`), since a library may be loaded by a program that never asked;
+a refusal there ends the call with STATUS_NO_TILE_DATA (KINA_ERROR_NO_TILE_DATA in the C
+ABI), never SIGILL.
 """
 
 from __future__ import annotations
