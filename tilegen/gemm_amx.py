@@ -54,6 +54,7 @@ I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
 TILE_BYTES = 64  # bytes per tile row: 16 f32 or 32 bf16
 TILE_COLUMNS = 16  # f32 columns of an accumulator tile
+PREFETCH_STEPS = 2  # how many depth steps (of 32) ahead the kernel prefetches A and B
 # The kernel status when Linux refuses tile data (runtime.py and cabi.py report it).
 STATUS_NO_TILE_DATA = -2
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
@@ -280,6 +281,7 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
     b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
         b, bp, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
         for tc in range(column_tiles)]
+    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, a_stride)
     updated = [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
                             accumulators[tr * column_tiles + tc], a_tiles[tr], b_tiles[tc]])
                for tr in range(row_tiles) for tc in range(column_tiles)]
@@ -319,6 +321,24 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
     b.position_at_end(finished)
     b.ret_void()
     return function
+
+
+def _prefetch(module, b, a, bp, step, mr: int, nr: int, a_stride: int) -> None:
+    """Prefetch into L1 the A rows and B panel lines of depth step `step`. The hardware
+    prefetchers do not keep tileloadd fed from L2 (on this project's Xeon the 1024^3
+    product ran about 1.7x faster with these, in noisy one-thread timings); past the end
+    of a panel they touch lines nobody reads, which a prefetch never faults on."""
+    prefetch = declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
+                                 [PTR, I32, I32, I32])
+    read, keep, data = (ir.Constant(I32, value) for value in (0, 3, 1))
+    a_step = b.mul(step, ir.Constant(I64, 2 * AMX_DEPTH))
+    for row in range(mr):  # 64 bytes of each row: the step's 32 depths
+        b.call(prefetch, [element_pointer(b, a, b.add(a_step, ir.Constant(
+            I64, row * 2 * a_stride)), I8), read, keep, data])
+    b_step = b.mul(step, ir.Constant(I64, AMX_DEPTH // 2 * 2 * 2 * nr))
+    for line in range(AMX_DEPTH // 2 * 2 * 2 * nr // 64):  # 16 pairs of nr columns
+        b.call(prefetch, [element_pointer(b, bp, b.add(b_step, ir.Constant(I64, 64 * line)),
+                                          I8), read, keep, data])
 
 
 def _column_masks(module, b, cols, nr):
