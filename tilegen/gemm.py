@@ -159,7 +159,7 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
 
 
 # Emitters of gemms whose packed panels hold another element type, by the Gemm's dtype
-# (tilegen/gemm_bf16.py registers bf16's when it is imported, so gemm imports none of them).
+# (tilegen/gemm_amx.py registers bf16 gemms when it is imported, so gemm imports none).
 PACKED_EMITTERS: dict[str, type] = {}
 
 

@@ -16,9 +16,11 @@ row ({1to16} memory operand) against nr / 16 vectors of B pairs: mr x nr / 16 ac
 
 `vdpbf16ps` flushes bf16 subnormal inputs to zero and rounds its f32 sum to nearest-even;
 the products of normal bf16 values are exact in f32, so results differ from a widening f32
-gemm only in the order of the f32 additions. Without the feature, where the instruction is
-slower than the f32 kernel, or with TILEGEN_BF16_DOT=0 the lowering emits an f32 `Gemm` over
-the widened operands instead (`gemm_dtype`, `dot_available`).
+gemm only in the order of the f32 additions. This module also chooses the kernel of every
+bf16 product (`bf16_kernel`): AMX (tilegen/gemm_amx.py, the same panels padded to whole
+tiles) where the target has it and the OS grants tile data, else this one where the
+instruction is there and faster than the f32 kernel, else -- or with TILEGEN_BF16_DOT=0 --
+an f32 `Gemm` over the widened operands (`gemm_dtype`, `dot_available`).
 """
 
 from __future__ import annotations
@@ -144,11 +146,12 @@ def bf16_tiles(m: int, n: int, k: int, options: Config) -> L.GemmTiles:
 
 def amx_tiles(m: int, n: int, k: int, target: Target) -> L.GemmTiles:
     """Register block: AMX_ROWS x 32 (2 x 2 accumulator tiles of 16 x 16 f32; one row of
-    tiles for products of at most 16 rows); depth block a multiple of 32 (a tile row of A
-    holds 32 bf16), up to 1024 (A rows of 2 KB); the B panel kc x nc at most half of L2,
-    the A block at most a quarter."""
+    tiles for products of at most 16 rows); depth block all of k up to 1024 (a multiple of
+    32 past it: a tile row of A holds 32 bf16), which was the fastest in noisy timings of
+    1024^3 against 256, 384 and 512 (C is loaded and stored once per depth block); the B
+    panel kc x nc at most half of L2, the A block at most a quarter."""
     mr = AMX_TILE_ROWS if m <= AMX_TILE_ROWS else AMX_ROWS
-    kc = min(AMX_MAX_KC, -(-k // AMX_DEPTH) * AMX_DEPTH)
+    kc = min(AMX_MAX_KC, k)  # padded to whole tiles while packing
     panel_columns = max(AMX_COLUMNS, target.l2_bytes // 2 // (2 * kc))
     nc = column_block(n, AMX_COLUMNS, panel_columns)
     rows = max(mr, target.l2_bytes // 4 // (2 * kc) // mr * mr)
