@@ -238,6 +238,23 @@ def test_kernel_choice_per_cpu_and_knob(monkeypatch):
         assert len(caught) == (2 if knob == "amx" else 0), knob
 
 
+@pytest.mark.parametrize("target", ["x86-64-v3", "skylake-avx512"])
+@pytest.mark.parametrize("dot", ["auto", "amx", "1"])
+def test_targets_without_bf16_instructions_widen(target, dot, monkeypatch):
+    # Whatever the knob asks for, a target without AVX512-BF16 or AMX compiles the same
+    # program to the widened f32 kernel, which runs here (the host has both targets'
+    # features) and gives the exact products.
+    monkeypatch.setenv("TILEGEN_TARGET", target)
+    module = _compile(f"fn f(a: {_ty((90, 77))}, b: {_ty((77, 101))}) -> {_ty((90, 101), 'F32')} "
+                      "{ return matmul(a, b); }", monkeypatch, dot)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "amx" warns that it cannot be had
+        assert _kernels(module) == ["widen"]
+    rng = np.random.default_rng(6)
+    a, b = _bf16(rng, (90, 77)), _bf16(rng, (77, 101))
+    _check(module.f(a, b), a, b)
+
+
 @pytest.mark.parametrize("value,kernel", [("", "auto"), ("auto", "auto"), ("AMX", "amx"),
                                           ("1", "dot"), ("on", "dot"), ("dot", "dot"),
                                           ("0", "widen"), ("off", "widen"),
