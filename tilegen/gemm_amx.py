@@ -86,9 +86,10 @@ class AmxEmitter(Bf16DotEmitter):
 
     def __init__(self, cg, gemm: L.Gemm):
         super().__init__(cg, gemm)
-        # Rows of whole tile rows, plus one: at a power-of-two stride (2 KB for kc = 1024)
-        # a tile's 16 rows fall into two L1 sets and evict each other.
-        self.a_stride = -(-gemm.tiles.kc // AMX_DEPTH) * AMX_DEPTH + AMX_DEPTH
+        self.tile_depth = -(-gemm.tiles.kc // AMX_DEPTH) * AMX_DEPTH  # the deepest panel
+        # A's rows: whole tile rows, plus one never read: at a power-of-two stride (2 KB for
+        # kc = 1024) a tile's 16 rows fall into two L1 sets and evict each other.
+        self.a_stride = self.tile_depth + AMX_DEPTH
 
     def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
         self.request_tile_data()
@@ -120,7 +121,7 @@ class AmxEmitter(Bf16DotEmitter):
         return _round_up(self.b, kc, AMX_DEPTH)
 
     def b_panel_elements(self) -> int:
-        return self.a_stride * self.tiles.nc
+        return self.tile_depth * self.tiles.nc
 
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
         """gemm_bf16's panels, then zero pairs from ceil(kc / 2) to the panel's depth."""
