@@ -410,20 +410,24 @@ class _GemmEmitter:
             return carried
         self.cg.loop(self.const(0), nc, nr, [], panel)
 
+    def a_offset(self, row, k):
+        """Where A's element (row, k) of a block goes in its packed panel (k a multiple of
+        the vector width: a vector of depths k.. is stored from there)."""
+        return self.b.add(self.b.mul(row, self.const(self.a_stride)), k)
+
     def pack_a(self, packed, ic, mc, pc, kc) -> None:
-        """Ap[r * stride + k] = A[ic + r, pc + k] for r < mc, k < kc (rows copied)."""
+        """Ap[a_offset(r, k)] = A[ic + r, pc + k] for r < mc, k < kc (rows copied)."""
         if self._read_across(self.g.a_elem, self.g.k, self.g.i):
             self.pack_a_transposed(packed, ic, mc, pc, kc)
             return
-        g, stride = self.g, self.a_stride
+        g = self.g
 
         def row(r, carried):
             def depth(k, carried):
                 mask = self.lane_mask(k, kc)
                 value = self._tile_value(g.a_elem, g.k, self.b.add(pc, k), mask,
                                          [(g.i, self.b.add(ic, r))])
-                offset = self.b.add(self.b.mul(r, self.const(stride)), k)
-                self.store_packed(value, self.gep(packed, offset))
+                self.store_packed(value, self.gep(packed, self.a_offset(r, k)))
                 return carried
             self.cg.loop(self.const(0), kc, self.lanes, [], depth)
             return carried
@@ -433,7 +437,7 @@ class _GemmEmitter:
         """pack_a for an A read along i: `lanes` depths x `lanes` rows at a time, each depth
         loaded as one vector along i, then transposed in registers. Depths past kc come out
         as zeros (as pack_a writes them); rows past mc are not written."""
-        g, stride, lanes, b = self.g, self.a_stride, self.lanes, self.b
+        g, lanes, b = self.g, self.lanes, self.b
         whole = b.and_(mc, self.const(-lanes))  # rows in full chunks of `lanes`
 
         def chunk(r, partial: bool):
@@ -445,8 +449,8 @@ class _GemmEmitter:
                             b.icmp_signed("<", b.add(k, self.const(d)), kc))
                 rows = self._transposed_block(g.a_elem, g.i, b.add(ic, r), row_mask, g.k,
                                               at_depth)
-                self._store_rows(packed, rows, lambda row: b.add(
-                    b.mul(b.add(r, self.const(row)), self.const(stride)), k), r, mc, partial)
+                self._store_rows(packed, rows, lambda row: self.a_offset(
+                    b.add(r, self.const(row)), k), r, mc, partial)
                 return carried
             self.cg.loop(self.const(0), kc, lanes, [], depth)
 

@@ -6,7 +6,8 @@ An AMX gemm is a bf16 `Gemm` (tilegen/gemm_bf16.py) whose register block is whol
 target with AMX-BF16 and AMX-TILE. It runs gemm.py's loop structure (column, depth and row
 blocks, threads) and gemm_bf16's packing, with every panel padded to whole tiles:
 
-    Ap[r * stride + k]         stride a multiple of 32 bf16 (64 bytes: one tile row);
+    Ap[k / 32][r][k % 32]      slabs of 32 depths, mc rows of 64 bytes each, so a tile
+                               of A (16 rows of a slab) is 1 KB of contiguous memory;
                                zeros from kc up to the next multiple of 32
     Bp[panel][p][j][2]         as the `vdpbf16ps` kernel packs it (pairs of depths
                                interleaved per column, which is AMX's "VNNI" layout),
@@ -87,9 +88,9 @@ class AmxEmitter(Bf16DotEmitter):
     def __init__(self, cg, gemm: L.Gemm):
         super().__init__(cg, gemm)
         self.tile_depth = -(-gemm.tiles.kc // AMX_DEPTH) * AMX_DEPTH  # the deepest panel
-        # A's rows: whole tile rows, plus one never read: at a power-of-two stride (2 KB for
-        # kc = 1024) a tile's 16 rows fall into two L1 sets and evict each other.
-        self.a_stride = self.tile_depth + AMX_DEPTH
+        # A block: tile_depth / 32 slabs of mc rows x 32 depths (a_offset); gemm.py sizes
+        # it as mc x a_stride.
+        self.a_stride = self.tile_depth
 
     def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
         self.request_tile_data()
@@ -141,6 +142,16 @@ class AmxEmitter(Bf16DotEmitter):
             return carried
         self.cg.loop(self.const(0), nc, nr, [], panel)
 
+    def a_offset(self, row, k):
+        """A packed in slabs of 32 depths, each mc rows of 64 bytes: a tile of A (16 rows of
+        one slab) is 1 KB of contiguous memory, which tileloadd reads faster than 16 rows
+        at a row stride (and a stride of a power of two would put the rows in two L1
+        sets). k is a multiple of 16, so a 16-depth vector stays in its row."""
+        b = self.b
+        slab = b.mul(b.ashr(k, self.const(5)), self.const(self.tiles.mc * AMX_DEPTH))
+        return b.add(slab, b.add(b.mul(row, self.const(AMX_DEPTH)),
+                                 b.and_(k, self.const(AMX_DEPTH - 1))))
+
     def pack_a(self, packed, ic, mc, pc, kc) -> None:
         """gemm_bf16's rows (zeros from kc up to a multiple of 16), then zeros up to the next
         multiple of 32 where that is further."""
@@ -150,13 +161,12 @@ class AmxEmitter(Bf16DotEmitter):
         zero = ir.Constant(ir.VectorType(I16, LANES), None)
         with b.if_then(b.icmp_signed("<", written, self.panel_depth(kc))):
             def row(r, carried):
-                offset = b.add(b.mul(r, self.const(self.a_stride)), written)
-                b.store(zero, self.gep(packed, offset), align=2)
+                b.store(zero, self.gep(packed, self.a_offset(r, written)), align=2)
                 return carried
             self.cg.loop(self.const(0), mc, 1, [], row)
 
     def micro_kernel(self) -> ir.Function:
-        return amx_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr, self.a_stride)
+        return amx_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr, self.tiles.mc)
 
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                     col_end) -> None:
@@ -179,15 +189,16 @@ class AmxEmitter(Bf16DotEmitter):
         return self.b.ashr(self.panel_depth(kc), self.const(5))  # steps of AMX_DEPTH
 
 
-def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.Function:
+def amx_micro_kernel(module: ir.Module, mr: int, nr: int, slab_rows: int) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first,
     i64 blocks)`: gemm.micro_kernel_function's signature (steps counting 32 depths) with
     `blocks` register blocks of mr rows one after the other: for q < blocks,
-    C[q mr + r, j] (+)= sum over d < 32 steps of Ap[(q mr + r) a_stride + d] * B[d, j] for
-    q mr + r < rows and j < cols (at most nr), B read from its pair-interleaved panel.
+    C[q mr + r, j] (+)= sum over d < 32 steps of A[q mr + r, d] * B[d, j] for q mr + r < rows
+    and j < cols (at most nr), A read from slabs of slab_rows rows x 32 depths
+    (AmxEmitter.a_offset), B from its pair-interleaved panel.
     One call per B micro-panel and A block: `ldtilecfg` and `tilerelease` cost about as
     much as a block's 32 x 32 x 1024 products, so they are paid once per call."""
-    name = f"tilegen.gemm.amx.{mr}x{nr}.s{a_stride}"
+    name = f"tilegen.gemm.amx.{mr}x{nr}.m{slab_rows}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -214,6 +225,7 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
         return ir.Constant(typ, value)
 
     tile_rows, tile_bytes = const(AMX_TILE_ROWS, I16), const(TILE_BYTES, I16)
+    tile_bytes_wide = const(TILE_BYTES)  # the row stride of a compact tile
     byte = I8
     stage = b.alloca(ir.ArrayType(F32, mr * nr), name="stage")
     stage.align = 64
@@ -230,7 +242,7 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
     b.position_at_end(outer)
     block = b.phi(I64, name="q")
     block.add_incoming(const(0), before)
-    a = element_pointer(b, a_first, b.mul(block, const(mr * a_stride * 2)), byte)
+    a = element_pointer(b, a_first, b.mul(block, const(mr * TILE_BYTES)), byte)
     c = element_pointer(b, c_first, b.mul(b.mul(block, const(mr)), c_stride), byte)
     rows = b.sub(rows_first, b.mul(block, const(mr)))
     whole = b.and_(b.icmp_signed(">=", rows, const(mr)), b.icmp_signed(">=", cols, const(nr)))
@@ -272,17 +284,17 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
         phi = b.phi(TILE)
         phi.add_incoming(value, entry)
         accumulators.append(phi)
-    a_row_bytes = const(2 * a_stride)
+    slab_bytes = slab_rows * TILE_BYTES
     b_row_bytes = const(2 * 2 * nr)  # one depth pair of nr columns
     a_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
-        b, a, b.add(b.mul(step, const(2 * AMX_DEPTH)),
-                    const(tr * AMX_TILE_ROWS * 2 * a_stride)), byte), a_row_bytes])
+        b, a, b.add(b.mul(step, const(slab_bytes)), const(tr * AMX_TILE_ROWS * TILE_BYTES)),
+        byte), tile_bytes_wide])
         for tr in range(row_tiles)]
     b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * nr))  # 16 pairs per step
     b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
         b, bp, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
         for tc in range(column_tiles)]
-    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, a_stride)
+    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, slab_bytes)
     updated = [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
                             accumulators[tr * column_tiles + tc], a_tiles[tr], b_tiles[tc]])
                for tr in range(row_tiles) for tc in range(column_tiles)]
@@ -324,18 +336,19 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
     return function
 
 
-def _prefetch(module, b, a, bp, step, mr: int, nr: int, a_stride: int) -> None:
-    """Prefetch into L1 the A rows and B panel lines of depth step `step`. The hardware
-    prefetchers do not keep tileloadd fed from L2 (on this project's Xeon the 1024^3
-    product ran about 1.7x faster with these, in noisy one-thread timings); past the end
-    of a panel they touch lines nobody reads, which a prefetch never faults on."""
+def _prefetch(module, b, a, bp, step, mr: int, nr: int, slab_bytes: int) -> None:
+    """Prefetch into L1 the A tiles and B panel lines of depth step `step` (both contiguous:
+    mr and 32 lines). The hardware prefetchers do not keep tileloadd fed from L2 (on this
+    project's Xeon the 1024^3 product ran about 1.7x faster with these, in noisy one-thread
+    timings); past the end of a panel they touch lines nobody reads, which a prefetch
+    never faults on."""
     prefetch = declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
                                  [PTR, I32, I32, I32])
     read, keep, data = (ir.Constant(I32, value) for value in (0, 3, 1))
-    a_step = b.mul(step, ir.Constant(I64, 2 * AMX_DEPTH))
-    for row in range(mr):  # 64 bytes of each row: the step's 32 depths
-        b.call(prefetch, [element_pointer(b, a, b.add(a_step, ir.Constant(
-            I64, row * 2 * a_stride)), I8), read, keep, data])
+    a_step = b.mul(step, ir.Constant(I64, slab_bytes))
+    for line in range(mr):  # one 64-byte row of the slab per line
+        b.call(prefetch, [element_pointer(b, a, b.add(a_step, ir.Constant(I64, 64 * line)),
+                                          I8), read, keep, data])
     b_step = b.mul(step, ir.Constant(I64, AMX_DEPTH // 2 * 2 * 2 * nr))
     for line in range(AMX_DEPTH // 2 * 2 * 2 * nr // 64):  # 16 pairs of nr columns
         b.call(prefetch, [element_pointer(b, bp, b.add(b_step, ir.Constant(I64, 64 * line)),
