@@ -21,6 +21,7 @@ block and the depth block come from the `Target`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from llvmlite import ir
 
@@ -160,7 +161,7 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
 
 # Emitters of gemms whose packed panels hold another element type, by the Gemm's dtype
 # (tilegen/gemm_amx.py registers bf16 gemms when it is imported, so gemm imports none).
-PACKED_EMITTERS: dict[str, type] = {}
+PACKED_EMITTERS: dict[str, Callable[..., _GemmEmitter]] = {}  # (cg, gemm) -> emitter
 
 
 def _emitter(cg, gemm: L.Gemm) -> _GemmEmitter:
