@@ -2,9 +2,10 @@
 
 BF16 matmul at 1024³, 2048³ and 333×1000×777 (examples/bench/matmul_bf16.kina: bf16
 operands, f32 accumulation, an F32 result):
-- `tilegen-bf16`: compiled with tilegen's default path choice (tilegen/gemm_bf16.py: the
-  `vdpbf16ps` kernel where the CPU runs it faster than the f32 kernel, else the operands
-  widened to f32 while packing);
+- `tilegen-bf16`: compiled with tilegen's default path choice (gemm_bf16.bf16_kernel: the
+  AMX `tdpbf16ps` kernel (tilegen/gemm_amx.py) where the CPU has AMX-BF16 and the OS grants
+  tile data, else the `vdpbf16ps` kernel where the CPU runs it faster than the f32 kernel,
+  else the operands widened to f32 while packing);
 - `tilegen-bf16-dot`: the `vdpbf16ps` kernel forced (TILEGEN_BF16_DOT=1; skipped on a CPU
   without AVX512-BF16), so the report shows both kernels on every machine that has it;
 - `tilegen`: the fp32 kernel of B5 (examples/bench/matmul.kina) on the same values in f32;

@@ -1,13 +1,18 @@
-"""BF16 matmul (tilegen/gemm_bf16.py): bf16 operands, f32 accumulation, an F32 result.
+"""BF16 matmul (tilegen/gemm_bf16.py, tilegen/gemm_amx.py): bf16 operands, f32 accumulation,
+an F32 result.
 
-Both paths -- the `vdpbf16ps` micro-kernel (TILEGEN_BF16_DOT=1, on a CPU with AVX512-BF16)
-and the widen-to-f32 path (TILEGEN_BF16_DOT=0) -- against the exact products of the bf16
-inputs (widened to float64 by NumPy), at odd shapes, odd depths (a zero-padded last pair),
-depths over one block, batches, transposed operands, mixed programs (F32 cast to BF16),
-one and two threads; the path choice per CPU; and `vdpbf16ps` in `--emit asm`.
+Every path -- the AMX `tdpbf16ps` kernel (TILEGEN_BF16_DOT=amx, on a CPU with AMX-BF16 whose
+OS grants tile data), the `vdpbf16ps` micro-kernel (TILEGEN_BF16_DOT=1, on a CPU with
+AVX512-BF16) and the widen-to-f32 path (TILEGEN_BF16_DOT=0) -- against the exact products of
+the bf16 inputs (widened to float64 by NumPy), at odd shapes, odd depths (zero-padded pairs
+and tiles), depths over one block, batches, transposed operands, mixed programs (F32 cast to
+BF16), one and two threads (rows or columns split); the kernel choice per CPU, knob and OS
+answer; the instructions in `--emit asm`; and an AMX library in a fresh process.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -16,18 +21,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kina_frontend import program_from_text
-from tilegen import config
+from tilegen import config, gemm_bf16
 from tilegen.api import compile_program
-from tilegen.gemm_bf16 import dot_available
+from tilegen.gemm_bf16 import amx_usable, bf16_kernel, dot_available, is_amx_block
 from tilegen.loopir import Gemm
 from tilegen.runtime import program_of
-from tilegen.target import host_target
+from tilegen.target import NAMED_TARGETS, host_target
 
 BF16 = ml_dtypes.bfloat16
 HOST_HAS_DOT = "+avx512bf16" in host_target().features.split(",")
-PATHS = [pytest.param("1", marks=pytest.mark.skipif(not HOST_HAS_DOT,
+HOST_AMX, NO_AMX_REASON = amx_usable(host_target())
+PATHS = [pytest.param("amx", marks=pytest.mark.skipif(not HOST_AMX, reason=(
+             f"no AMX-BF16 here: {NO_AMX_REASON}"))),
+         pytest.param("1", marks=pytest.mark.skipif(not HOST_HAS_DOT,
                                                       reason="host has no AVX512-BF16")),
          "0"]
+KERNEL_OF_KNOB = {"amx": "amx", "1": "dot", "0": "widen"}
 
 
 def _ty(shape, dtype="BF16"):
@@ -40,8 +49,11 @@ def _compile(source, monkeypatch, dot: str, threads: int = 2):
     return compile_program(program_from_text(source))
 
 
-def _gemm_dtypes(module, name="f") -> list[str]:
-    return [s.dtype for s in program_of(module).plans[name].kernel.body if isinstance(s, Gemm)]
+def _kernels(module, name="f") -> list[str]:
+    """The kernel each packed gemm of `name` runs: amx, dot or widen."""
+    gemms = [s for s in program_of(module).plans[name].kernel.body if isinstance(s, Gemm)]
+    return ["widen" if g.dtype == "f32" else "amx" if is_amx_block(g.tiles) else "dot"
+            for g in gemms]
 
 
 def _bf16(rng, shape):
@@ -63,8 +75,11 @@ def _pays(m, k, n) -> bool:
     return m * n * k >= 1 << 16 and n >= 8 and k >= 8
 
 
-SHAPES = [(1, 1, 1), (17, 33, 5), (333, 1000, 777), (40, 37, 50), (37, 1025, 45),
-          (100, 513, 33), (13, 600, 70), (250, 63, 16)]
+# (37, 2100, 45): three AMX depth blocks, the last 52 deep (two tiles, the second padded);
+# (13, 600, 70): one row of AMX tiles; (50, 300, 1500): two threads split the columns.
+SHAPES = [(1, 1, 1), (17, 5, 3), (17, 33, 5), (333, 1000, 777), (40, 37, 50), (37, 1025, 45),
+          (37, 2100, 45), (100, 513, 33), (13, 600, 70), (250, 63, 16), (50, 300, 1500),
+          (64, 64, 64)]
 
 
 @pytest.mark.parametrize("dot", PATHS)
@@ -76,7 +91,7 @@ def test_bf16_matmul_matches_exact_products(m, k, n, dot, monkeypatch):
     a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n))
     _check(module.f(a, b), a, b)
     if _pays(m, k, n):
-        assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"]
+        assert _kernels(module) == [KERNEL_OF_KNOB[dot]]
 
 
 @pytest.mark.parametrize("dot", PATHS)
@@ -111,7 +126,7 @@ fn f(q: {_ty((2, 3, 70, 41))}, k: {_ty((2, 3, 90, 41))}, x: {_ty((5, 67, 39))},
     _check(scores, q, np.swapaxes(k, 2, 3))
     _check(batched, x, y)
     _check(across, w.T, r.T)
-    assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"] * 3
+    assert _kernels(module) == [KERNEL_OF_KNOB[dot]] * 3
 
 
 @pytest.mark.parametrize("dot", PATHS)
@@ -123,7 +138,7 @@ def test_weight_stored_out_by_in(m, k, n, dot, monkeypatch):
     rng = np.random.default_rng(k)
     a, w = _bf16(rng, (m, k)), _bf16(rng, (n, k))
     _check(module.f(a, w), a, w.T)
-    assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"]
+    assert _kernels(module) == [KERNEL_OF_KNOB[dot]]
 
 
 @pytest.mark.parametrize("dot", PATHS)
@@ -152,7 +167,7 @@ fn f(x: {_ty((77, 96), 'F32')}, w: {_ty((96, 130))}, v: {_ty((130, 45), 'F32')},
     # (2^-8 relative) per element of h, summed over the 130 products.
     bound = 2.0 ** -7 * np.abs(h) @ np.abs(v.astype(np.float64)) + 1e-5
     assert np.all(np.abs(got - exact) <= bound)
-    assert _gemm_dtypes(module) == ["bf16" if dot == "1" else "f32"] * 2
+    assert _kernels(module) == [KERNEL_OF_KNOB[dot]] * 2
 
 
 def test_cast_of_an_f32_parameter_to_bf16_rounds(monkeypatch):
@@ -180,18 +195,93 @@ def test_generated_bf16_products(m, k, n, transpose_a, transpose_b, dot, monkeyp
     _check(module.f(a, b), a.T if transpose_a else a, b.T if transpose_b else b)
 
 
+def _options(kernel: str, target=None) -> config.Config:
+    return config.Config(1, None, False, False, bf16_kernel=kernel,
+                         target=target or host_target())
+
+
 def test_path_choice_follows_the_cpu_features_and_the_knob():
-    auto, on, off = (config.Config(1, None, False, False, bf16_dot=value)
-                     for value in (None, True, False))
+    auto, on, off = (_options(value) for value in ("auto", "dot", "widen"))
     zen4 = "+avx512f,+avx512bf16,-amx-bf16"
     sapphire = "+avx512f,+avx512bf16,+amx-bf16,+amx-tile"
     haswell = "+avx2,+fma,-avx512bf16"
     assert dot_available(auto, zen4) and dot_available(on, zen4)
     assert not dot_available(off, zen4)
-    # The AMX cores issue vdpbf16ps at half the FMA rate: the f32 kernel unless forced.
+    # The AMX cores issue vdpbf16ps at half the FMA rate: not vdpbf16ps unless forced.
     assert not dot_available(auto, sapphire) and dot_available(on, sapphire)
     # Never without the instruction, whatever the knob says.
     assert not any(dot_available(options, haswell) for options in (auto, on, off))
+
+
+def _cpu(name: str, features: str):
+    """A target CPU this machine cannot run (so no OS permission is asked for it)."""
+    from dataclasses import replace
+
+    return replace(NAMED_TARGETS["skylake-avx512"], name=name,
+                   features=NAMED_TARGETS["skylake-avx512"].features + features)
+
+
+def test_kernel_choice_per_cpu_and_knob(monkeypatch):
+    sapphire = _cpu("sapphire", ",+avx512bf16,+amx-bf16,+amx-tile,+amx-fp16,+avx10.2-512")
+    zen4 = _cpu("zen4", ",+avx512bf16,+avx10.2-512")
+    haswell = NAMED_TARGETS["x86-64-v3"]
+    expected = {  # knob: (sapphire, zen4, haswell)
+        "auto": ("amx", "dot", "widen"), "amx": ("amx", "dot", "widen"),
+        "dot": ("dot", "dot", "widen"), "widen": ("widen", "widen", "widen")}
+    for knob, kernels in expected.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            monkeypatch.setattr(gemm_bf16, "_warned", set())
+            got = tuple(bf16_kernel(_options(knob, cpu)) for cpu in (sapphire, zen4, haswell))
+        assert got == kernels, knob
+        # Asked for by name, AMX that cannot be had is a warning; auto stays quiet.
+        assert len(caught) == (2 if knob == "amx" else 0), knob
+
+
+@pytest.mark.parametrize("target", ["x86-64-v3", "skylake-avx512"])
+@pytest.mark.parametrize("dot", ["auto", "amx", "1"])
+def test_targets_without_bf16_instructions_widen(target, dot, monkeypatch):
+    # Whatever the knob asks for, a target without AVX512-BF16 or AMX compiles the same
+    # program to the widened f32 kernel, which runs here (the host has both targets'
+    # features) and gives the exact products.
+    monkeypatch.setenv("TILEGEN_TARGET", target)
+    module = _compile(f"fn f(a: {_ty((90, 77))}, b: {_ty((77, 101))}) -> {_ty((90, 101), 'F32')} "
+                      "{ return matmul(a, b); }", monkeypatch, dot)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "amx" warns that it cannot be had
+        assert _kernels(module) == ["widen"]
+    rng = np.random.default_rng(6)
+    a, b = _bf16(rng, (90, 77)), _bf16(rng, (77, 101))
+    _check(module.f(a, b), a, b)
+
+
+@pytest.mark.parametrize("value,kernel", [("", "auto"), ("auto", "auto"), ("AMX", "amx"),
+                                          ("1", "dot"), ("on", "dot"), ("dot", "dot"),
+                                          ("0", "widen"), ("off", "widen"),
+                                          ("widen", "widen")])
+def test_knob_values(value, kernel, monkeypatch):
+    monkeypatch.setenv("TILEGEN_BF16_DOT", value)
+    assert config.load().bf16_kernel == kernel
+
+
+def test_refused_tile_data_falls_back_with_a_warning(monkeypatch):
+    # The CPU has AMX but the OS says no (an old kernel, a seccomp filter): the compile
+    # warns, takes the next kernel, and the product is still right -- no tile instruction
+    # runs, so nothing dies of SIGILL.
+    if not all(f in host_target().features.split(",") for f in gemm_bf16.AMX_FEATURES):
+        pytest.skip(f"no AMX-BF16 here: {NO_AMX_REASON}")
+    monkeypatch.setattr(gemm_bf16, "amx_tile_permission",
+                        lambda: (False, "refused for this test"))
+    monkeypatch.setattr(gemm_bf16, "_warned", set())
+    source = f"fn f(a: {_ty((70, 90))}, b: {_ty((90, 60))}) -> {_ty((70, 60), 'F32')} " \
+             "{ return matmul(a, b); }"
+    module = _compile(source, monkeypatch, "auto")
+    with pytest.warns(RuntimeWarning, match="without AMX: refused for this test"):
+        kernels = _kernels(module)  # planned (and the kernel chosen) on first use
+    assert kernels == ["dot" if dot_available(config.load()) else "widen"]
+    rng = np.random.default_rng(1)
+    a, b = _bf16(rng, (70, 90)), _bf16(rng, (90, 60))
+    _check(module.f(a, b), a, b)
 
 
 @pytest.mark.skipif(not HOST_HAS_DOT, reason="host has no AVX512-BF16")
@@ -201,10 +291,48 @@ def test_vdpbf16ps_in_emitted_assembly(tmp_path, monkeypatch, capsys):
     path = tmp_path / "mm.kina"
     path.write_text(f"fn mm(a: {_ty((333, 1000))}, b: {_ty((1000, 777))}) -> "
                     f"{_ty((333, 777), 'F32')} {{ return matmul(a, b); }}\n")
-    for dot, expected in (("1", True), ("0", False)):
+    expected = {"1": ("vdpbf16ps",), "0": (), "amx": ("tdpbf16ps", "ldtilecfg")}
+    for dot, instructions in expected.items():
+        if dot == "amx" and not HOST_AMX:
+            continue
         monkeypatch.setenv("TILEGEN_BF16_DOT", dot)
         assert main([str(path), "--emit", "asm"]) == 0
-        assert ("vdpbf16ps" in capsys.readouterr().out) is expected
+        text = capsys.readouterr().out
+        for instruction in ("vdpbf16ps", "tdpbf16ps", "ldtilecfg"):
+            assert (instruction in text) is (instruction in instructions), (dot, instruction)
+
+
+@pytest.mark.skipif(not HOST_AMX, reason=f"no AMX-BF16 here: {NO_AMX_REASON}")
+def test_amx_library_runs_in_a_fresh_process(tmp_path, monkeypatch):
+    # A process that never asked Linux for tile data (the loader does not ask): the
+    # kernel asks itself before its first tile instruction, instead of dying of SIGILL.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tilegen.compile import main
+
+    source = tmp_path / "mm.kina"
+    source.write_text(f"fn mm(a: {_ty((70, 100))}, b: {_ty((100, 45))}) -> "
+                      f"{_ty((70, 45), 'F32')} {{ return matmul(a, b); }}\n")
+    monkeypatch.setenv("TILEGEN_BF16_DOT", "amx")
+    assert main([str(source), "-o", str(tmp_path / "mm.so")]) == 0
+    script = f"""
+import ml_dtypes, numpy as np, tilegen
+rng = np.random.default_rng(0)
+a = rng.standard_normal((70, 100)).astype(ml_dtypes.bfloat16)
+b = rng.standard_normal((100, 45)).astype(ml_dtypes.bfloat16)
+got = tilegen.load_library({str(tmp_path / "mm.so")!r}).mm(a, b)
+np.save({str(tmp_path / "got.npy")!r}, got)
+np.save({str(tmp_path / "a.npy")!r}, a.astype(np.float32))
+np.save({str(tmp_path / "b.npy")!r}, b.astype(np.float32))
+"""
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": root}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    a, b = (np.load(tmp_path / name).astype(BF16) for name in ("a.npy", "b.npy"))
+    _check(np.load(tmp_path / "got.npy"), a, b)
 
 
 @pytest.mark.parametrize("dot", PATHS)

@@ -21,6 +21,7 @@ from kina_frontend.types import DType  # noqa: E402
 from kina_models.minilm import SentenceEncoder  # noqa: E402
 from kina_models.minilm.checkpoint import default_model_dir  # noqa: E402
 from tilegen.api import compile_program  # noqa: E402
+from tilegen.gemm_bf16 import amx_usable  # noqa: E402
 from tilegen.target import host_target  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
@@ -81,6 +82,9 @@ def sentences() -> list[str]:
 
 
 @pytest.mark.parametrize("dot", [
+    pytest.param("amx", marks=pytest.mark.skipif(
+        not amx_usable(host_target())[0],
+        reason=f"no AMX-BF16 here: {amx_usable(host_target())[1]}")),
     pytest.param("1", marks=pytest.mark.skipif(
         "+avx512bf16" not in host_target().features.split(","), reason="host has no AVX512-BF16")),
     "0"])

@@ -36,6 +36,7 @@ STATUS_CODES = (
     ("KINA_ERROR_OUT_OF_MEMORY", 2, "temporary buffers could not be allocated"),
     ("KINA_ERROR_NULL_ARGUMENT", 3, "a buffer pointer was NULL"),
     ("KINA_ERROR_OVERLAP", 4, "an output overlaps another argument"),
+    ("KINA_ERROR_NO_TILE_DATA", 5, "the OS refused the AMX tile state the code needs"),
 )
 
 # The C type of each element type, by NumPy dtype name.
@@ -257,6 +258,9 @@ static int32_t tilegen_run(const struct tilegen_function *f, void **addresses) {
   addresses[count] = record;
   int64_t status = f->packed(addresses);
   if (status == 0) return KINA_OK;
+  if (status == -2) /* gemm_amx.STATUS_NO_TILE_DATA */
+    return tilegen_fail(f, KINA_ERROR_NO_TILE_DATA, "", -1,
+                        "the OS refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)");
   if (status < 0)
     return tilegen_fail(f, KINA_ERROR_OUT_OF_MEMORY, "", -1,
                         "could not allocate temporary buffers");

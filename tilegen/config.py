@@ -7,9 +7,12 @@ TILEGEN_AUTOTUNE     1: time matmul tile candidates once per shape and keep the 
                      (default 0: the deterministic default tiles, no timing at compile)
 TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlined
                      (default 200 000; beyond it a K500 diagnostic at the call that crosses it)
-TILEGEN_BF16_DOT     products of BF16 operands on `vdpbf16ps`: 1 wherever the CPU has
-                     AVX512-BF16, 0 never (widened to f32 on the f32 matmul kernel), unset
-                     or `auto`: where it is faster than the f32 kernel (tilegen/gemm_bf16.py)
+TILEGEN_BF16_DOT     the kernel for products of BF16 operands (tilegen/gemm_bf16.py): unset
+                     or `auto`: AMX (`tdpbf16ps`, tilegen/gemm_amx.py) where the CPU has it
+                     and Linux grants tile data, else `vdpbf16ps` where it beats the f32
+                     kernel, else the operands widened to f32; `amx`: as auto, but a warning
+                     when AMX cannot be used; 1: `vdpbf16ps` wherever the CPU has
+                     AVX512-BF16 (never AMX); 0: always widened to f32
 TILEGEN_MEMORY_CACHE modules the in-memory compile cache keeps, least recently used
                      dropped first (default 32; 0 turns it off)
 TILEGEN_TARGET       the CPU to generate code for: host (default), x86-64-v3,
@@ -60,7 +63,7 @@ class Config:
     stack_bytes: int = 1 << 20
     target: Target = field(default_factory=host_target)
     fused_attention: str = "auto"
-    bf16_dot: bool | None = None  # None: auto
+    bf16_kernel: str = "auto"  # TILEGEN_BF16_DOT: auto, amx, dot (1) or widen (0)
     # Not part of what a compile produces, so kept out of repr (the cache key).
     memory_cache_entries: int = field(default=MEMORY_CACHE_ENTRIES, repr=False)
     max_inlined_ops: int = field(default=MAX_INLINED_OPS, repr=False)
@@ -100,11 +103,13 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ValueError(f"{name}={raw!r} must be one of {', '.join(choices)}")
     return raw
-def _tristate(name: str) -> bool | None:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    return _flag(name, True)
+def _bf16_kernel() -> str:
+    """TILEGEN_BF16_DOT as one of auto, amx, dot, widen (1/0 and the other flag spellings
+    mean dot and widen, as when the knob was on/off for `vdpbf16ps` alone)."""
+    raw = os.environ.get("TILEGEN_BF16_DOT", "").strip().lower()
+    if raw in ("", "auto", "amx", "dot", "widen"):
+        return raw or "auto"
+    return "dot" if _flag("TILEGEN_BF16_DOT", True) else "widen"
 
 
 def load(target: str | None = None) -> Config:
@@ -120,7 +125,7 @@ def load(target: str | None = None) -> Config:
                   profile=_flag("TILEGEN_PROFILE", False),
                   autotune=_flag("TILEGEN_AUTOTUNE", False),
                   stack_bytes=stack_budget(),
-                  bf16_dot=_tristate("TILEGEN_BF16_DOT"),
+                  bf16_kernel=_bf16_kernel(),
                   target=named_target(target or os.environ.get("TILEGEN_TARGET", "").strip()
                                       or "host"),
                   memory_cache_entries=_int("TILEGEN_MEMORY_CACHE", MEMORY_CACHE_ENTRIES,

@@ -21,6 +21,7 @@ block and the depth block come from the `Target`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from llvmlite import ir
 
@@ -159,8 +160,8 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
 
 
 # Emitters of gemms whose packed panels hold another element type, by the Gemm's dtype
-# (tilegen/gemm_bf16.py registers bf16's when it is imported, so gemm imports none of them).
-PACKED_EMITTERS: dict[str, type] = {}
+# (tilegen/gemm_amx.py registers bf16 gemms when it is imported, so gemm imports none).
+PACKED_EMITTERS: dict[str, Callable[..., _GemmEmitter]] = {}  # (cg, gemm) -> emitter
 
 
 def _emitter(cg, gemm: L.Gemm) -> _GemmEmitter:
@@ -410,20 +411,24 @@ class _GemmEmitter:
             return carried
         self.cg.loop(self.const(0), nc, nr, [], panel)
 
+    def a_offset(self, row, k):
+        """Where A's element (row, k) of a block goes in its packed panel (k a multiple of
+        the vector width: a vector of depths k.. is stored from there)."""
+        return self.b.add(self.b.mul(row, self.const(self.a_stride)), k)
+
     def pack_a(self, packed, ic, mc, pc, kc) -> None:
-        """Ap[r * stride + k] = A[ic + r, pc + k] for r < mc, k < kc (rows copied)."""
+        """Ap[a_offset(r, k)] = A[ic + r, pc + k] for r < mc, k < kc (rows copied)."""
         if self._read_across(self.g.a_elem, self.g.k, self.g.i):
             self.pack_a_transposed(packed, ic, mc, pc, kc)
             return
-        g, stride = self.g, self.a_stride
+        g = self.g
 
         def row(r, carried):
             def depth(k, carried):
                 mask = self.lane_mask(k, kc)
                 value = self._tile_value(g.a_elem, g.k, self.b.add(pc, k), mask,
                                          [(g.i, self.b.add(ic, r))])
-                offset = self.b.add(self.b.mul(r, self.const(stride)), k)
-                self.store_packed(value, self.gep(packed, offset))
+                self.store_packed(value, self.gep(packed, self.a_offset(r, k)))
                 return carried
             self.cg.loop(self.const(0), kc, self.lanes, [], depth)
             return carried
@@ -433,7 +438,7 @@ class _GemmEmitter:
         """pack_a for an A read along i: `lanes` depths x `lanes` rows at a time, each depth
         loaded as one vector along i, then transposed in registers. Depths past kc come out
         as zeros (as pack_a writes them); rows past mc are not written."""
-        g, stride, lanes, b = self.g, self.a_stride, self.lanes, self.b
+        g, lanes, b = self.g, self.lanes, self.b
         whole = b.and_(mc, self.const(-lanes))  # rows in full chunks of `lanes`
 
         def chunk(r, partial: bool):
@@ -445,8 +450,8 @@ class _GemmEmitter:
                             b.icmp_signed("<", b.add(k, self.const(d)), kc))
                 rows = self._transposed_block(g.a_elem, g.i, b.add(ic, r), row_mask, g.k,
                                               at_depth)
-                self._store_rows(packed, rows, lambda row: b.add(
-                    b.mul(b.add(r, self.const(row)), self.const(stride)), k), r, mc, partial)
+                self._store_rows(packed, rows, lambda row: self.a_offset(
+                    b.add(r, self.const(row)), k), r, mc, partial)
                 return carried
             self.cg.loop(self.const(0), kc, lanes, [], depth)
 
@@ -474,9 +479,6 @@ class _GemmEmitter:
         t, g, b = self.tiles, self.g, self.b
         kernel = self.micro_kernel()
         steps = self.micro_steps(kc)
-        out = self.cg.pointers[g.out]
-        flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
-        batch_offset = b.mul(flat_batch, self.const(g.m * g.n))
 
         def panel(jr, carried):
             col0 = b.add(jc, jr)
@@ -484,8 +486,7 @@ class _GemmEmitter:
 
             def block(ir_, carried):
                 row0 = b.add(ic, ir_)
-                c = element_pointer(b, out, b.add(batch_offset, b.add(
-                    b.mul(row0, self.const(g.n)), col0)), self.element)
+                c = self.c_pointer(row0, col0)
                 b.call(kernel, [self.gep(packed_a, b.mul(ir_, self.const(self.a_stride))),
                                 self.gep(packed_b, self.b_panel_offset(jr, kc)), steps, c,
                                 self.const(g.n),
@@ -494,6 +495,15 @@ class _GemmEmitter:
             self.cg.loop(self.const(0), mc, t.mr, [], block)
             return carried
         self.cg.loop(self.const(0), nc, t.nr, [], panel)
+
+
+    def c_pointer(self, row, column):
+        """&C[batch..., row, column] (the batch entry from the gemm's batch variables)."""
+        g, b = self.g, self.b
+        flat_batch = self.cg.expr(_flat_batch(g)).value if g.batch else self.const(0)
+        offset = b.add(b.mul(flat_batch, self.const(g.m * g.n)),
+                       b.add(b.mul(row, self.const(g.n)), column))
+        return element_pointer(b, self.cg.pointers[g.out], offset, self.element)
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,

@@ -16,13 +16,16 @@ row ({1to16} memory operand) against nr / 16 vectors of B pairs: mr x nr / 16 ac
 
 `vdpbf16ps` flushes bf16 subnormal inputs to zero and rounds its f32 sum to nearest-even;
 the products of normal bf16 values are exact in f32, so results differ from a widening f32
-gemm only in the order of the f32 additions. Without the feature, where the instruction is
-slower than the f32 kernel, or with TILEGEN_BF16_DOT=0 the lowering emits an f32 `Gemm` over
-the widened operands instead (`gemm_dtype`, `dot_available`).
+gemm only in the order of the f32 additions. This module also chooses the kernel of every
+bf16 product (`bf16_kernel`): AMX (tilegen/gemm_amx.py, the same panels padded to whole
+tiles) where the target has it and the OS grants tile data, else this one where the
+instruction is there and faster than the f32 kernel, else -- or with TILEGEN_BF16_DOT=0 --
+an f32 `Gemm` over the widened operands (`gemm_dtype`, `dot_available`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 from llvmlite import ir
@@ -31,19 +34,26 @@ from . import loopir as L
 from .config import Config
 from .gemm import (
     I64,
-    PACKED_EMITTERS,
     _GemmEmitter,
+    column_block,
     declare_intrinsic,
     default_tiles,
     element_pointer,
     micro_kernel_shell,
     splat,
 )
+from .target import Target, amx_tile_permission
 
 I16, I32 = ir.IntType(16), ir.IntType(32)
 LANES = 16  # f32 accumulator lanes; a B vector holds 16 pairs
 DOT_FEATURE = "+avx512bf16"
 HALF_RATE_FEATURE = "+amx-bf16"
+AMX_FEATURES = ("+amx-tile", "+amx-bf16")
+# AMX blocks (tilegen/gemm_amx.py): a tile is 16 rows of 64 bytes (16 f32 or 32 bf16).
+AMX_TILE_ROWS = 16
+AMX_DEPTH = 32  # bf16 depths per tile row of A (16 pairs per tile of B)
+AMX_ROWS, AMX_COLUMNS = 32, 32
+AMX_MAX_KC = 1024
 
 
 class _BFloat(ir.Type):
@@ -65,31 +75,95 @@ F32_VECTOR = ir.VectorType(ir.FloatType(), LANES)
 
 
 def dot_available(options: Config, features: str | None = None) -> bool:
-    """Whether bf16 products use `vdpbf16ps`, for a target CPU with `features` (today the
-    compile's target, options.target). Never without AVX512-BF16; with it, as TILEGEN_BF16_DOT says,
-    and by default only on CPUs without AMX-BF16: the Intel server cores that have AMX
-    issue `vdpbf16ps` at half the FMA rate (measured on this project's Xeon: 0.5 per cycle
-    against 2 FMAs, so the dot kernel ran 1024^3 at 111 GF/s on one core, the f32 kernel
-    at 165), while AMD Zen 4 and 5 issue it at the FMA rate, twice the products."""
+    """Whether bf16 products use `vdpbf16ps` when they do not use AMX, for a target CPU with
+    `features` (today the compile's target, options.target). Never without AVX512-BF16;
+    with it, as TILEGEN_BF16_DOT says, and by default only on CPUs without AMX-BF16: the
+    Intel server cores that have AMX issue `vdpbf16ps` at half the FMA rate (measured on
+    this project's Xeon: 0.5 per cycle against 2 FMAs, so the dot kernel ran 1024^3 at
+    111 GF/s on one core, the f32 kernel at 165), while AMD Zen 4 and 5 issue it at the
+    FMA rate, twice the products."""
     if features is None:
         features = options.target.features
     enabled = set(features.split(","))
-    if DOT_FEATURE not in enabled or options.bf16_dot is False:
+    if DOT_FEATURE not in enabled or options.bf16_kernel == "widen":
         return False
-    return options.bf16_dot is True or HALF_RATE_FEATURE not in enabled
+    return options.bf16_kernel == "dot" or HALF_RATE_FEATURE not in enabled
+
+
+def amx_usable(target: Target) -> tuple[bool, str]:
+    """Whether code for `target` may use AMX-BF16 tiles, and why not if it may not: the
+    target's features must have them, and where the code runs here (JIT, `--run`) Linux
+    must grant this process tile data (target.amx_tile_permission); code for a machine
+    elsewhere (`--emit asm`, a library) asks nothing of this one."""
+    enabled = set(target.features.split(","))
+    missing = [f[1:] for f in AMX_FEATURES if f not in enabled]
+    if missing:
+        return False, f"target {target.name} ({target.cpu}) has no {', '.join(missing)}"
+    if target.runs_on_host:
+        return amx_tile_permission()
+    return True, ""
+
+
+_warned: set[str] = set()
+
+
+def bf16_kernel(options: Config) -> str:
+    """The kernel for products of bf16 operands: "amx" (tilegen/gemm_amx.py), "dot"
+    (`vdpbf16ps`) or "widen" (the f32 kernel on operands widened while packing).
+    TILEGEN_BF16_DOT (options.bf16_kernel) auto and amx take AMX where amx_usable says so;
+    when a CPU has AMX but this process may not use it, the choice falls back to the
+    next kernel with a RuntimeWarning (once per reason), never to code that would die
+    of SIGILL."""
+    if options.bf16_kernel in ("auto", "amx"):
+        usable, why = amx_usable(options.target)
+        if usable:
+            return "amx"
+        target_has_amx = all(f in options.target.features.split(",") for f in AMX_FEATURES)
+        if (target_has_amx or options.bf16_kernel == "amx") and why not in _warned:
+            _warned.add(why)
+            warnings.warn(f"tilegen: BF16 matmul without AMX: {why}; using "
+                          f"{'vdpbf16ps' if dot_available(options) else 'f32 widening'}",
+                          RuntimeWarning, stacklevel=2)
+    return "dot" if dot_available(options) else "widen"
 
 
 def gemm_dtype(options: Config) -> str:
-    """The `Gemm` dtype for a product of bf16 operands: bf16 (the dot-product kernel) or f32
-    (the same operands widened while packing, on the f32 kernel)."""
-    return L.BF16_STORAGE if dot_available(options) else L.F32
+    """The `Gemm` dtype for a product of bf16 operands: bf16 (16-bit panels, on the AMX or
+    the dot-product kernel) or f32 (the same operands widened while packing, on the f32
+    kernel)."""
+    return L.F32 if bf16_kernel(options) == "widen" else L.BF16_STORAGE
 
 
-def bf16_tiles(m: int, n: int, k: int, target) -> L.GemmTiles:
-    """The f32 register and cache blocks, with twice the depth per block: 16-bit panels of
-    kc = 512 take the bytes f32 panels of 256 do."""
-    tiles = default_tiles(L.F32, m, n, k, target)
+def bf16_tiles(m: int, n: int, k: int, options: Config) -> L.GemmTiles:
+    """The blocks of a bf16 gemm: AMX tiles (amx_tiles) when bf16_kernel picks AMX, else the
+    f32 register and cache blocks with twice the depth per block (16-bit panels of
+    kc = 512 take the bytes f32 panels of 256 do)."""
+    if bf16_kernel(options) == "amx":
+        return amx_tiles(m, n, k, options.target)
+    tiles = default_tiles(L.F32, m, n, k, options.target)
     return replace(tiles, kc=min(512, k))
+
+
+def amx_tiles(m: int, n: int, k: int, target: Target) -> L.GemmTiles:
+    """Register block: AMX_ROWS x 32 (2 x 2 accumulator tiles of 16 x 16 f32; one row of
+    tiles for products of at most 16 rows); depth block all of k up to 1024 (a multiple of
+    32 past it: a tile row of A holds 32 bf16), which was the fastest in noisy timings of
+    1024^3 against 256, 384 and 512 (C is loaded and stored once per depth block); the B
+    panel kc x nc at most half of L2, the A block at most a quarter."""
+    mr = AMX_TILE_ROWS if m <= AMX_TILE_ROWS else AMX_ROWS
+    kc = min(AMX_MAX_KC, k)  # padded to whole tiles while packing
+    panel_columns = max(AMX_COLUMNS, target.l2_bytes // 2 // (2 * kc))
+    nc = column_block(n, AMX_COLUMNS, panel_columns)
+    rows = max(mr, target.l2_bytes // 4 // (2 * kc) // mr * mr)
+    mc = min(rows, -(-m // mr) * mr)
+    return L.GemmTiles(mr, AMX_COLUMNS, kc, mc, nc)
+
+
+def is_amx_block(tiles: L.GemmTiles) -> bool:
+    """Whether a bf16 gemm's register block is whole AMX tiles (mr 16 or 32, nr 32): how
+    codegen tells an AMX gemm from a `vdpbf16ps` one (whose default mr is at most
+    gemm.MAX_MR = 14), on a target with AMX."""
+    return tiles.nr == AMX_COLUMNS and tiles.mr in (AMX_TILE_ROWS, AMX_ROWS)
 
 
 def _even(count):
@@ -124,6 +198,11 @@ class Bf16DotEmitter(_GemmEmitter):
         """Rows a B panel holds for a depth block of kc: kc rounded up to whole pairs."""
         return self.b.and_(self.b.add(kc, self.const(1)), self.const(-2))
 
+    def written_pairs(self, kc):
+        """The depth pairs pack_b writes per panel: ceil(kc / 2) (a panel deeper than that,
+        as AMX's, is zeroed past them by its emitter)."""
+        return self.b.ashr(self.b.add(kc, self.const(1)), self.const(1))
+
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
         """Bp[(jr / nr) * depth * nr + p * 2 nr + 2 j + h] = B[pc + 2p + h, jc + jr + j]
         (0 past N and past kc): two depths per column, as dpbf16ps pairs them."""
@@ -153,7 +232,7 @@ class Bf16DotEmitter(_GemmEmitter):
                                    self.const(part * 2 * LANES))
                     b.store(pairs, self.gep(packed, offset), align=2)
                 return carried
-            self.cg.loop(self.const(0), b.ashr(depth, self.const(1)), 1, [], pair)
+            self.cg.loop(self.const(0), self.written_pairs(kc), 1, [], pair)
             return carried
         self.cg.loop(self.const(0), nc, nr, [], panel)
 
@@ -241,5 +320,3 @@ def dot_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.F
         return updated
     return micro_kernel_shell(module, name, L.F32, mr, parts, LANES, step)
 
-
-PACKED_EMITTERS[L.BF16_STORAGE] = Bf16DotEmitter

@@ -200,7 +200,7 @@ class LowerContext:
         i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")
         threads = self.options.num_threads if 2 * m * n * k >= GEMM_PARALLEL_WORK else 1
         if dtype == L.BF16_STORAGE:
-            tiles = gemm_bf16.bf16_tiles(m, n, k, self.options.target)
+            tiles = gemm_bf16.bf16_tiles(m, n, k, self.options)
         elif self.choose_tiles is not None:
             tiles = self.choose_tiles(dtype, batch_extents, m, n, k, threads)
         else:

@@ -23,7 +23,7 @@ from kina_frontend.transforms import (
 )
 from kina_frontend.verify import IRVerifyError, verify_function
 
-from . import config, gemm_bf16  # noqa: F401 (registers the bf16 gemm emitter)
+from . import config, gemm_amx  # noqa: F401 (registers the bf16 gemm emitters)
 from . import loopir as L
 from .attention_backward_codegen import emit_fused_attention
 from .cabi import build_packed_entry

@@ -24,6 +24,7 @@ import numpy as np
 from . import forksafe
 from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
+from .gemm_amx import STATUS_NO_TILE_DATA
 from .interop import ArgumentError, as_input, as_output
 from .openmp import load_openmp_runtime as _load_openmp_runtime
 from .parallel import THREADS_SUFFIX
@@ -135,6 +136,9 @@ class CompiledFunction:
         return given
 
     def _raise(self, status: int):
+        if status == STATUS_NO_TILE_DATA:
+            raise RuntimeError(f"{self.name}(): the OS refused AMX tile data (arch_prctl "
+                               "ARCH_REQ_XCOMP_PERM), which this code's BF16 matmul needs")
         if status < 0:
             raise MemoryError(f"{self.name}(): could not allocate temporary buffers")
         site_index, value, position = (int(x) for x in self._errors.array)

@@ -118,6 +118,50 @@ def host_target() -> Target:
                   bits, registers, _cache_bytes(1, 32 << 10), _cache_bytes(2, 1 << 20))
 
 
+# Linux's arch_prctl numbers for AMX tile data (asm/prctl.h, uapi/asm/prctl.h).
+_SYS_ARCH_PRCTL = 158
+_ARCH_GET_XCOMP_PERM = 0x1022
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+@functools.cache
+def amx_tile_permission() -> tuple[bool, str]:
+    """Whether this process may execute AMX tile instructions, and why not if it may not.
+
+    The CPU's flags are not enough: Linux (5.16 on) keeps the 8 KB tile state out of every
+    thread's signal frame until the process asks for it, and a tile instruction before that
+    dies with SIGILL. So the first AMX compile asks once (ARCH_REQ_XCOMP_PERM for
+    XFEATURE_XTILEDATA, granted to the whole process, threads created later included) and
+    checks the answer with ARCH_GET_XCOMP_PERM."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux") or host_target().arch != "x86_64":
+        return False, "AMX tile data needs Linux on x86-64"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError as error:
+        return False, f"no C library to call arch_prctl through ({error})"
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_ulong]
+    granted = ctypes.c_ulong(0)
+
+    def has_tile_data() -> bool:
+        status = syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.addressof(granted))
+        return status == 0 and bool(granted.value >> _XFEATURE_XTILEDATA & 1)
+
+    if has_tile_data():
+        return True, ""
+    if syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        return False, (f"the kernel refused ARCH_REQ_XCOMP_PERM for tile data "
+                       f"({os.strerror(ctypes.get_errno())})")
+    if not has_tile_data():
+        return False, "ARCH_GET_XCOMP_PERM does not list tile data after the request"
+    return True, ""
+
+
 def _cache_bytes(level: int, default: int) -> int:
     """The size of this CPU's level-`level` data cache, from sysfs (Linux)."""
     root = "/sys/devices/system/cpu/cpu0/cache"
