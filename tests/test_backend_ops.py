@@ -3,6 +3,8 @@ on hypothesis-generated shapes that include sizes that are not multiples of 16."
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -202,7 +204,37 @@ def test_every_registry_op_is_covered():
     assert not missing, f"ops without a backend differential test: {missing}"
 
 
-def _compare(source, inputs, jit):
+def _norm_rounding(source, inputs):
+    """What f32 rounding alone may move a norm's output by: the row mean is rounded to
+    half an ulp of the row's largest |x|, and the output multiplies that by the row's
+    1/std and by gamma. Rows of nearly equal values (width 2, say) are ill-conditioned:
+    NumPy's own f32 two-pass layer norm misses the float64 reference by as much."""
+    x, gamma = inputs[0].astype(np.float64), inputs[1].astype(np.float64)
+    axis = int(re.search(r"axis=(-?\d+)", source).group(1)) % x.ndim
+    centred = x - x.mean(axis=axis, keepdims=True) if "layer_norm" in source else x
+    rstd = 1 / np.sqrt((centred ** 2).mean(axis=axis, keepdims=True) + 1e-5)
+    along = [1] * x.ndim
+    along[axis] = -1
+    largest = np.max(np.abs(x), axis=axis, keepdims=True)
+    return 4 * 2.0 ** -24 * largest * rstd * np.abs(gamma).reshape(along)
+
+
+ROUNDING = {"layer_norm": _norm_rounding, "rms_norm": _norm_rounding}
+
+
+def _assert_within(got, expected, rtol, atol):
+    """assert_allclose with a per-element atol (NumPy's takes a number only)."""
+    got, expected = got.astype(np.float64), expected.astype(np.float64)
+    same_nan = np.isnan(got) == np.isnan(expected)
+    with np.errstate(invalid="ignore"):
+        close = (got == expected) | (np.abs(got - expected) <= atol + rtol * np.abs(expected))
+    bad = ~(close | (np.isnan(got) & np.isnan(expected))) | ~same_nan
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.size} elements off, first at "
+                           f"{np.argwhere(bad)[0].tolist()}: got {got[bad][0]!r}, "
+                           f"expected {expected[bad][0]!r}")
+
+
+def _compare(source, inputs, jit, rounding=None):
     program = parse_ir(source[3:]) if source.startswith("IR:") else program_from_text(source)
     (expected,) = interpret(program, "f", *inputs)
     got = compile_program(program, jit=jit).f(*inputs)
@@ -214,7 +246,10 @@ def _compare(source, inputs, jit):
                                       expected.dtype == DTYPES["BF16"] else expected)
     else:
         scale = max(1.0, float(np.max(np.abs(expected))))
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-6 * scale)
+        atol = 2e-6 * scale
+        if rounding is not None:
+            atol = atol + rounding(source, inputs)
+        _assert_within(got, expected, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.parametrize("opname", COVERED)
@@ -222,7 +257,7 @@ def _compare(source, inputs, jit):
 @given(data=st.data())
 def test_op_matches_interpreter_jit(opname, data):
     source, inputs = data.draw(op_cases(opname))
-    _compare(source, inputs, jit=True)
+    _compare(source, inputs, jit=True, rounding=ROUNDING.get(opname))
 
 
 @pytest.mark.parametrize("opname", COVERED)
@@ -230,7 +265,7 @@ def test_op_matches_interpreter_jit(opname, data):
 @given(data=st.data())
 def test_op_matches_interpreter_shared_library(opname, data):
     source, inputs = data.draw(op_cases(opname))
-    _compare(source, inputs, jit=False)
+    _compare(source, inputs, jit=False, rounding=ROUNDING.get(opname))
 
 
 @pytest.mark.parametrize("size", ODD_SIZES)
