@@ -11,6 +11,7 @@ step is the op's `lower` rule in kina_frontend/ops.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from kina_frontend.diagnostics import KinaError
@@ -198,13 +199,23 @@ class LowerContext:
         batch_extents = a_shape[:-2]
         batch = tuple(self.var(e, "b") for e in batch_extents)
         i, j, kk = self.var(m, "i"), self.var(n, "j"), self.var(k, "k")
-        threads = self.options.num_threads if 2 * m * n * k >= GEMM_PARALLEL_WORK else 1
+        # The work of the whole product, every batch entry's: gemm.emit_gemm splits a batched
+        # one over (entry, row block) pairs, so 12 heads of 48 x 48 x 32 are worth threads
+        # even though one head is not.
+        flops = 2 * m * n * k * math.prod(batch_extents)
+        threads = self.options.num_threads if flops >= GEMM_PARALLEL_WORK else 1
         if dtype == L.BF16_STORAGE:
             tiles = gemm_bf16.bf16_tiles(m, n, k, self.options)
         elif self.choose_tiles is not None:
             tiles = self.choose_tiles(dtype, batch_extents, m, n, k, threads)
         else:
             tiles = gemm_module.default_tiles(dtype, m, n, k, self.options.target)
+        # An operand computed while packing (a fused producer) is evaluated once per packing
+        # of it; one that is dear to recompute (a contraction, as p @ v read by the output
+        # projection) is stored first when packing would evaluate it more than once.
+        a_evaluations, b_evaluations = gemm_module.operand_evaluations(
+            m, n, math.prod(batch_extents), tiles, threads)
+        a, b = self.reusable(a, a_evaluations), self.reusable(b, b_evaluations)
         return L.Gemm(out, batch, batch_extents, i, j, kk, m, n, k, a.at(batch + (i, kk)),
                       b.at(batch + (kk, j)), dtype, tiles, threads)
 

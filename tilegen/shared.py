@@ -4,9 +4,10 @@ A transformer's layers are inlined into one kernel, so each layer's matmuls, lay
 softmax appear six times, identical up to the buffers they touch and the names of their
 loop variables. Generated inline, each copy is its own packing loops, parallel region and
 micro-kernel calls, and LLVM optimises and compiles every copy (MiniLM: 63 parallel
-regions, 4.9 MB of IR, 5 s of compile for one (B, T) shape). Here each top-level `Gemm` or
-loop nest whose canonical form (buffers and variables renamed in order of appearance,
-buffer types and shapes, kernel outputs marked) occurs more than once becomes one function
+regions, 4.9 MB of IR, 5 s of compile for one (B, T) shape). Here each top-level `Gemm`,
+fused `Attention` or loop nest whose canonical form (buffers and variables renamed in order
+of appearance, buffer types and shapes, kernel outputs marked) occurs more than once becomes
+one function
 
     i64 @<kernel>.shared<N>(ptr buffer0, ..., ptr bufferK, scalars..., ptr err)
 
@@ -26,7 +27,7 @@ after the buffers.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
@@ -47,8 +48,8 @@ class Form:
 
 
 def canonical_form(stmt: L.Stmt, buffers: dict[str, L.Buffer]) -> Form | None:
-    """None when `stmt` is not a loop nest or gemm."""
-    if not isinstance(stmt, (L.For, L.Gemm)):
+    """None when `stmt` is not a loop nest, gemm or fused attention."""
+    if not isinstance(stmt, (L.For, L.Gemm, L.Attention)):
         return None
     renamer = _Renamer()
     renamed = renamer.stmt(stmt)
@@ -102,6 +103,13 @@ class _Renamer:
             return L.Gemm(out, batch, stmt.batch_extents, i, j, k, stmt.m, stmt.n,
                           stmt.k_extent, self.expr(stmt.a_elem), self.expr(stmt.b_elem),
                           stmt.dtype, stmt.tiles, stmt.threads)
+        if isinstance(stmt, L.Attention):
+            self.written.add(stmt.out)
+            out, q, kt, v = (self.buffer(name) for name in (stmt.out, stmt.q, stmt.kt, stmt.v))
+            batch = tuple(self.var(var, binds=True) for var in stmt.batch)
+            i, j, s = (self.var(var, binds=True) for var in (stmt.i, stmt.j, stmt.s))
+            return replace(stmt, out=out, q=q, kt=kt, v=v, batch=batch, i=i, j=j, s=s,
+                           score=self.expr(stmt.score), unmasked=self.expr(stmt.unmasked))
         raise TypeError(stmt)
 
     def expr(self, expr: L.Expr) -> L.Expr:
@@ -120,7 +128,7 @@ class _Renamer:
 
 
 def _threaded_or_gemm(stmt: L.Stmt) -> bool:
-    if isinstance(stmt, L.Gemm):
+    if isinstance(stmt, (L.Gemm, L.Attention)):
         return True
     if not isinstance(stmt, L.For):
         return False
