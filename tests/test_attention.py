@@ -319,6 +319,38 @@ def test_the_printed_nest_reads_back(fused, mask):
     assert format_kernel(parse_kernel(text)) == text
 
 
+def generated_score(batch: tuple[int, ...], tq: int, tk: int, scale: str, mask: str):
+    """For the generated attention programs (forward here, gradients in
+    test_attention_backward): the F64 tensor type of [batch..., dims] and the Kina score
+    expression of q, k (and bias) with the drawn scale and mask."""
+    rank = len(batch) + 2
+
+    def ty(*dims):
+        return f"Tensor[F64, [{', '.join(str(x) for x in batch + dims)}], @host]"
+    perm = list(range(len(batch))) + [rank - 1, rank - 2]
+    score = f"(q @ transpose(k, {perm}) {scale})"
+    shape = list(batch) + [tq, tk]
+    if mask == "causal":
+        score = (f"where(greater(iota(shape={shape}, axis={rank - 1}), "
+                 f"iota(shape={shape}, axis={rank - 2})), -1e9, {score})")
+    elif mask == "bias":
+        score = f"{score} + bias"
+    return ty, score
+
+
+def torch_score(q, k, bias, scale: str, mask: str):
+    """generated_score's scores in PyTorch, the reference."""
+    scores = q @ k.transpose(-1, -2)
+    scores = {"* 0.3": scores * 0.3, "/ 2.5": scores / 2.5, "": scores}[scale]
+    tq, tk = scores.shape[-2:]
+    if mask == "causal":
+        future = torch.arange(tk)[None, :] > torch.arange(tq)[:, None]
+        scores = torch.where(future, torch.tensor(-1e9, dtype=torch.float64), scores)
+    elif mask == "bias":
+        scores = scores + torch.from_numpy(bias)
+    return scores
+
+
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.sampled_from([(), (3,), (2, 3)]), tq=st.integers(1, 90), tk=st.integers(1, 90),
@@ -326,17 +358,7 @@ def test_the_printed_nest_reads_back(fused, mask):
        mask=st.sampled_from(["none", "causal", "bias"]), data=st.data())
 def test_generated_attention_matches_torch(fused, batch, tq, tk, d, dv, scale, mask, data):
     rank = len(batch) + 2
-
-    def ty(*dims):
-        return f"Tensor[F64, [{', '.join(str(x) for x in batch + dims)}], @host]"
-    perm = list(range(len(batch))) + [rank - 1, rank - 2]
-    score = f"(q @ transpose(k, {perm}) {scale})"
-    scores_shape = list(batch) + [tq, tk]
-    if mask == "causal":
-        score = (f"where(greater(iota(shape={scores_shape}, axis={rank - 1}), "
-                 f"iota(shape={scores_shape}, axis={rank - 2})), -1e9, {score})")
-    elif mask == "bias":
-        score = f"{score} + bias"
+    ty, score = generated_score(batch, tq, tk, scale, mask)
     source = f"""
     fn f(q: {ty(tq, d)}, k: {ty(tk, d)}, v: {ty(tk, dv)}, bias: {ty(tq, tk)}) -> {ty(tq, dv)} {{
       return softmax({score}, axis={rank - 1}) @ v;
@@ -347,12 +369,6 @@ def test_generated_attention_matches_torch(fused, batch, tq, tk, d, dv, scale, m
     q, k, v, bias = (rng.standard_normal(batch + s) for s in ((tq, d), (tk, d), (tk, dv),
                                                                 (tq, tk)))
     got = compile_program(program_from_text(source)).f(q, k, v, bias)
-    scores = torch.from_numpy(q) @ torch.from_numpy(k).transpose(-1, -2)
-    scores = {"* 0.3": scores * 0.3, "/ 2.5": scores / 2.5, "": scores}[scale]
-    if mask == "causal":
-        future = torch.arange(tk)[None, :] > torch.arange(tq)[:, None]
-        scores = torch.where(future, torch.tensor(-1e9, dtype=torch.float64), scores)
-    elif mask == "bias":
-        scores = scores + torch.from_numpy(bias)
+    scores = torch_score(torch.from_numpy(q), torch.from_numpy(k), bias, scale, mask)
     expected = (torch.softmax(scores, dim=-1) @ torch.from_numpy(v)).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)

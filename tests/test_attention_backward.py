@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kina_frontend import program_from_text
-from tests.test_attention import SDPA, _inputs, attention_source
+from tests.test_attention import SDPA, _inputs, attention_source, generated_score, torch_score
 from tilegen import config
 from tilegen.api import compile_program
 from tilegen.attention_ir import AttentionBackward
@@ -201,17 +201,7 @@ def test_the_printed_statement_reads_back(fused, mask):
        mask=st.sampled_from(["none", "causal", "bias"]), data=st.data())
 def test_generated_gradients_match_torch(fused, batch, tq, tk, d, dv, scale, mask, data):
     rank = len(batch) + 2
-
-    def ty(*dims):
-        return f"Tensor[F64, [{', '.join(str(x) for x in batch + dims)}], @host]"
-    perm = list(range(len(batch))) + [rank - 1, rank - 2]
-    score = f"(q @ transpose(k, {perm}) {scale})"
-    shape = list(batch) + [tq, tk]
-    if mask == "causal":
-        score = (f"where(greater(iota(shape={shape}, axis={rank - 1}), "
-                 f"iota(shape={shape}, axis={rank - 2})), -1e9, {score})")
-    elif mask == "bias":
-        score = f"{score} + bias"
+    ty, score = generated_score(batch, tq, tk, scale, mask)
     total = "o * w"
     for axis in reversed(range(rank)):
         total = f"sum({total}, axis={axis})"
@@ -233,13 +223,7 @@ def test_generated_gradients_match_torch(fused, batch, tq, tk, d, dv, scale, mas
                                                        (tq, dv))]
     got = compile_program(program_from_text(source)).grads(*arrays)
     q, k, v = (torch.from_numpy(a).requires_grad_() for a in arrays[:3])
-    scores = q @ k.transpose(-1, -2)
-    scores = {"* 0.3": scores * 0.3, "/ 2.5": scores / 2.5, "": scores}[scale]
-    if mask == "causal":
-        future = torch.arange(tk)[None, :] > torch.arange(tq)[:, None]
-        scores = torch.where(future, torch.tensor(-1e9, dtype=torch.float64), scores)
-    elif mask == "bias":
-        scores = scores + torch.from_numpy(arrays[3])
+    scores = torch_score(q, k, arrays[3], scale, mask)
     ((torch.softmax(scores, dim=-1) @ v) * torch.from_numpy(arrays[4])).sum().backward()
     for name, mine, tensor in zip("qkv", got, (q, k, v), strict=True):
         np.testing.assert_allclose(mine, tensor.grad.numpy(), rtol=1e-9, atol=1e-11,

@@ -90,7 +90,6 @@ class AttentionBackward(L.FusedStmt):
     def format_lines(self, pad: str) -> list[str]:
         batch = "".join(f"{v}<{e}>, " for v, e in zip(self.batch, self.batch_extents,
                                                        strict=True))
-        causal = "none" if self.causal is None else self.causal
         lines = [f"{pad}attention_backward {self.stats}[{batch}{self.i}<{self.tq}>], "
                  f"{self.s}: {self.dtype} = dot[{self.d_extent}]({self.q}, {self.kt})",
                  f"{pad}  = softmax[{self.j} < {self.tk}]({self.score})",
@@ -102,8 +101,8 @@ class AttentionBackward(L.FusedStmt):
             lines.append(f"{pad}  gradient {g.over} {g.weight} {g.operand}[{g.extent}] into "
                          f"{g.out}" + (" transposed" if g.transposed else "") +
                          (f" via {g.partial}" if g.partial else ""))
-        lines.append(f"{pad}  blocks rows={self.block_rows} keys={self.block_keys} "
-                     f"causal={causal} threads={self.threads}")
+        lines.append(f"{pad}  " + L.attention_blocks_text(self.block_rows, self.block_keys,
+                                                           self.causal, self.threads))
         return lines
 
 
@@ -163,16 +162,7 @@ def parse_attention_backward(p) -> AttentionBackward:
             partial = p.take()
         gradients.append(AttentionGradient(over, weight, operand, extent, out, transposed,
                                            partial))
-    fields = {}
-    p.take("blocks")
-    for key in ("rows", "keys", "causal", "threads"):
-        p.take(key)
-        p.take("=")
-        if key == "causal" and p.peek() == "none":
-            fields[key] = None
-            p.take()
-        else:
-            fields[key] = p.integer()
+    fields = p.attention_blocks()
     (i, tq) = named[-1]
     batch = named[:-1]
     return AttentionBackward(stats, q, kt, do, vt, o, tuple(v for v, _ in batch),

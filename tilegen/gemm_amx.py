@@ -47,9 +47,11 @@ from .gemm_bf16 import (
     AMX_TILE_ROWS,
     LANES,
     Bf16DotEmitter,
+    NamedLLVMType,
     amx_usable,
     is_amx_block,
 )
+from .target import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
@@ -58,23 +60,9 @@ TILE_COLUMNS = 16  # f32 columns of an accumulator tile
 PREFETCH_STEPS = 2  # how many depth steps (of 32) ahead the kernel prefetches A and B
 # The kernel status when Linux refuses tile data (runtime.py and cabi.py report it).
 STATUS_NO_TILE_DATA = -2
-_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 
-class _AmxTile(ir.Type):
-    """LLVM's `x86_amx`, a tile register's value (llvmlite.ir has no such type)."""
-
-    def _to_string(self) -> str:
-        return "x86_amx"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _AmxTile)
-
-    def __hash__(self) -> int:
-        return hash(_AmxTile)
-
-
-TILE = _AmxTile()
+TILE = NamedLLVMType("x86_amx")  # a tile register's value
 
 
 def _round_up(b: ir.IRBuilder, value, multiple: int):
@@ -111,9 +99,9 @@ class AmxEmitter(Bf16DotEmitter):
         asked = b.load_atomic(granted, "monotonic", 1)
         with b.if_then(b.icmp_unsigned("==", asked, ir.Constant(I8, 0)), likely=False):
             syscall = self.cg.declare("syscall", ir.FunctionType(I64, [I64], var_arg=True))
-            status = b.call(syscall, [self.const(_SYS_ARCH_PRCTL),
-                                      self.const(_ARCH_REQ_XCOMP_PERM),
-                                      self.const(_XFEATURE_XTILEDATA)])
+            status = b.call(syscall, [self.const(SYS_ARCH_PRCTL),
+                                      self.const(ARCH_REQ_XCOMP_PERM),
+                                      self.const(XFEATURE_XTILEDATA)])
             with b.if_then(b.icmp_signed("!=", status, self.const(0)), likely=False):
                 self.cg.exit_with(self.const(STATUS_NO_TILE_DATA))
             b.store_atomic(ir.Constant(I8, 1), granted, "monotonic", 1)
@@ -247,17 +235,27 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, slab_rows: int) -> ir.
     rows = b.sub(rows_first, b.mul(block, const(mr)))
     whole = b.and_(b.icmp_signed(">=", rows, const(mr)), b.icmp_signed(">=", cols, const(nr)))
 
-    # A ragged block (not first) starts from C's values copied into the staging block.
-    with b.if_then(b.and_(b.not_(whole), b.not_(first))):
+    def ragged_rows(move):
+        """move(staged, in_c, mask, masked_load, masked_store) for each vector of the
+        block's rows of C that exist (below `rows`), and its place in the staging block."""
         for r in range(mr):
             with b.if_then(b.icmp_signed("<", const(r), rows)):
-                for part, (mask, masked_load, _) in enumerate(masks):
-                    source = element_pointer(b, c, b.add(b.mul(const(r), ldc),
-                                                         const(part * LANES)), F32)
-                    value = b.call(masked_load, [source, const(4, I32), mask,
-                                                 ir.Constant(vector, None)])
-                    b.store(value, element_pointer(b, stage, const(r * nr + part * LANES),
-                                                   F32), align=4)
+                for part, (mask, masked_load, masked_store) in enumerate(masks):
+                    staged = element_pointer(b, stage, const(r * nr + part * LANES), F32)
+                    in_c = element_pointer(b, c, b.add(b.mul(const(r), ldc),
+                                                       const(part * LANES)), F32)
+                    move(staged, in_c, mask, masked_load, masked_store)
+
+    def stage_in(staged, in_c, mask, masked_load, _masked_store):
+        value = b.call(masked_load, [in_c, const(4, I32), mask, ir.Constant(vector, None)])
+        b.store(value, staged, align=4)
+
+    def stage_out(staged, in_c, mask, _masked_load, masked_store):
+        b.call(masked_store, [b.load(staged, typ=vector, align=4), in_c, const(4, I32), mask])
+
+    # A ragged block (not first) starts from C's values copied into the staging block.
+    with b.if_then(b.and_(b.not_(whole), b.not_(first))):
+        ragged_rows(stage_in)
     start = b.select(whole, c, stage)
     start_stride = b.select(whole, c_stride, stage_stride)
     start = b.select(first, zeros, start)
@@ -320,14 +318,7 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, slab_rows: int) -> ir.
         b.call(store, [tile_rows, tile_bytes, c_tile(out, out_stride, tr, tc), out_stride,
                        final])
     with b.if_then(b.not_(whole)):
-        for r in range(mr):
-            with b.if_then(b.icmp_signed("<", const(r), rows)):
-                for part, (mask, _, masked_store) in enumerate(masks):
-                    value = b.load(element_pointer(b, stage, const(r * nr + part * LANES),
-                                                   F32), typ=vector, align=4)
-                    target = element_pointer(b, c, b.add(b.mul(const(r), ldc),
-                                                         const(part * LANES)), F32)
-                    b.call(masked_store, [value, target, const(4, I32), mask])
+        ragged_rows(stage_out)
     following_block = b.add(block, const(1))
     block.add_incoming(following_block, b.block)
     b.cbranch(b.icmp_signed("<", following_block, blocks), outer, finished)

@@ -56,21 +56,25 @@ AMX_ROWS, AMX_COLUMNS = 32, 32
 AMX_MAX_KC = 1024
 
 
-class _BFloat(ir.Type):
-    """LLVM's `bfloat` (llvmlite.ir has no such type): the element of the operands that
-    LLVM 22's `llvm.x86.avx512bf16.dpbf16ps.512` takes, `<32 x bfloat>`."""
+class NamedLLVMType(ir.Type):
+    """An LLVM type llvmlite.ir does not have, printed by its name: `bfloat`, the element
+    of the `<32 x bfloat>` operands of LLVM 22's `llvm.x86.avx512bf16.dpbf16ps.512`, and
+    `x86_amx`, a tile register's value (tilegen/gemm_amx.py)."""
+
+    def __init__(self, name: str):
+        self.name = name
 
     def _to_string(self) -> str:
-        return "bfloat"
+        return self.name
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, _BFloat)
+        return isinstance(other, NamedLLVMType) and other.name == self.name
 
     def __hash__(self) -> int:
-        return hash(_BFloat)
+        return hash((NamedLLVMType, self.name))
 
 
-BF16_PAIRS = ir.VectorType(_BFloat(), 2 * LANES)
+BF16_PAIRS = ir.VectorType(NamedLLVMType("bfloat"), 2 * LANES)
 F32_VECTOR = ir.VectorType(ir.FloatType(), LANES)
 
 

@@ -628,6 +628,13 @@ def _product(values) -> int:
 
 # ---- printer --------------------------------------------------------------------------------
 
+def attention_blocks_text(rows: int, keys: int, causal: int | None, threads: int) -> str:
+    """The blocking line of a fused attention statement, forward or backward (parsed back
+    by loopir_parse's attention_blocks)."""
+    return (f"blocks rows={rows} keys={keys} causal={'none' if causal is None else causal} "
+            f"threads={threads}")
+
+
 def format_kernel(kernel: Kernel) -> str:
     """The kernel as text; `tilegen.loopir_parse.parse_kernel` reads it back."""
     lines = [f"kernel @{kernel.name}"]
@@ -677,13 +684,13 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
     if isinstance(stmt, Attention):
         batch = "".join(f"{v}<{e}>, " for v, e in zip(stmt.batch, stmt.batch_extents,
                                                        strict=True))
-        causal = "none" if stmt.causal is None else stmt.causal
         return [f"{pad}attention {stmt.out}[{batch}{stmt.i}<{stmt.tq}>, d<{stmt.dv}>], "
                 f"{stmt.s}: {stmt.s.dtype} = dot[{stmt.d_extent}]({stmt.q}, {stmt.kt})",
                 f"{pad}  = softmax[{stmt.j} < {stmt.tk}]({stmt.score}) @ {stmt.v}",
                 f"{pad}  unmasked {stmt.unmasked}",
-                f"{pad}  blocks rows={stmt.block_rows} keys={stmt.block_keys} causal={causal} "
-                f"threads={stmt.threads}" + (f" stats={stmt.stats}" if stmt.stats else "")]
+                f"{pad}  " + attention_blocks_text(stmt.block_rows, stmt.block_keys, stmt.causal,
+                                                   stmt.threads) +
+                (f" stats={stmt.stats}" if stmt.stats else "")]
     if isinstance(stmt, FusedStmt):
         return stmt.format_lines(pad)
     raise TypeError(stmt)

@@ -268,6 +268,21 @@ class _Parser:
         self.scopes.pop()
         return L.For(L.Var(name), extent, body, kind, width, threads)
 
+    def attention_blocks(self) -> dict[str, int | None]:
+        """`blocks rows=R keys=K causal=C|none threads=T` of a fused attention statement,
+        forward or backward (L.attention_blocks_text prints it)."""
+        fields: dict[str, int | None] = {}
+        self.take("blocks")
+        for key in ("rows", "keys", "causal", "threads"):
+            self.take(key)
+            self.take("=")
+            if key == "causal" and self.peek() == "none":
+                fields[key] = None
+                self.take()
+            else:
+                fields[key] = self.integer()
+        return fields
+
     def named_extents(self) -> list[tuple[L.Var, int]]:
         """`[b<2>, i<M>, j<N>]`: index variables with their extents."""
         self.take("[")
@@ -347,16 +362,7 @@ class _Parser:
         self.take("unmasked")
         unmasked = self.expr()
         self.scopes.pop()
-        fields = {}
-        self.take("blocks")
-        for key in ("rows", "keys", "causal", "threads"):
-            self.take(key)
-            self.take("=")
-            if key == "causal" and self.peek() == "none":
-                fields[key] = None
-                self.take()
-            else:
-                fields[key] = self.integer()
+        fields = self.attention_blocks()
         stats = None
         if self.peek() == "stats" and self.peek(1) == "=":
             self.take()

@@ -118,11 +118,12 @@ def host_target() -> Target:
                   bits, registers, _cache_bytes(1, 32 << 10), _cache_bytes(2, 1 << 20))
 
 
-# Linux's arch_prctl numbers for AMX tile data (asm/prctl.h, uapi/asm/prctl.h).
-_SYS_ARCH_PRCTL = 158
-_ARCH_GET_XCOMP_PERM = 0x1022
-_ARCH_REQ_XCOMP_PERM = 0x1023
-_XFEATURE_XTILEDATA = 18
+# Linux's arch_prctl numbers for AMX tile data (asm/prctl.h, uapi/asm/prctl.h); the AMX
+# kernel's own request (tilegen/gemm_amx.py) uses them too.
+SYS_ARCH_PRCTL = 158
+ARCH_GET_XCOMP_PERM = 0x1022
+ARCH_REQ_XCOMP_PERM = 0x1023
+XFEATURE_XTILEDATA = 18
 
 
 @functools.cache
@@ -149,12 +150,12 @@ def amx_tile_permission() -> tuple[bool, str]:
     granted = ctypes.c_ulong(0)
 
     def has_tile_data() -> bool:
-        status = syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.addressof(granted))
-        return status == 0 and bool(granted.value >> _XFEATURE_XTILEDATA & 1)
+        status = syscall(SYS_ARCH_PRCTL, ARCH_GET_XCOMP_PERM, ctypes.addressof(granted))
+        return status == 0 and bool(granted.value >> XFEATURE_XTILEDATA & 1)
 
     if has_tile_data():
         return True, ""
-    if syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+    if syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0:
         return False, (f"the kernel refused ARCH_REQ_XCOMP_PERM for tile data "
                        f"({os.strerror(ctypes.get_errno())})")
     if not has_tile_data():
