@@ -312,10 +312,12 @@ class _GemmEmitter:
             raise ValueError(f"gemm tiles {t}: nc must be a multiple of nr and mc of mr")
         a_size = t.mc * self.a_stride
         block, slot = self.scratch(a_size + self.b_panel_elements())
-        packed_a = block
-        # B's panel starts on a 64-byte boundary after A's.
-        packed_b = self.gep(block, self.const(-(-a_size * self.packed_bytes // 64) * 64
-                                              // self.packed_bytes))
+        # Both panels start on a cache line (the block has 128 bytes to spare): malloc's
+        # 16-byte alignment split every 64-byte row of an AMX tile, and every zmm load,
+        # across two lines, and made the speed depend on where the block landed.
+        packed_a = cache_line_aligned(self.b, block)
+        packed_b = self.gep(packed_a, self.const(-(-a_size * self.packed_bytes // 64) * 64
+                                                 // self.packed_bytes))
 
         def column_block(jc, carried):
             nc = _smin(self.b, self.const(t.nc), self.b.sub(col_end, jc))
@@ -561,6 +563,13 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
                                             accumulators[r * parts + part]]))
         return updated
     return micro_kernel_shell(module, name, dtype, mr, parts, lanes, step)
+
+
+def cache_line_aligned(b: ir.IRBuilder, pointer):
+    """`pointer` moved up to the next multiple of 64 bytes (0 to 63 bytes on)."""
+    address = b.ptrtoint(pointer, I64)
+    skip = b.and_(b.sub(ir.Constant(I64, 0), address), ir.Constant(I64, 63))
+    return element_pointer(b, pointer, skip, ir.IntType(8))
 
 
 def element_pointer(b: ir.IRBuilder, base, offset, element: ir.Type):
