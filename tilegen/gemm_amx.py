@@ -18,6 +18,14 @@ and the panel's second tile starts 64 bytes in. Padding depths are zero in both 
 zero times anything finite is 0, and packing never reads past the operands, so no Inf or
 NaN of uninitialised memory meets a zero.
 
+A row-major bf16 A (a plain load, contiguous along k: `a_read_in_place`) is not packed:
+tileloadd reads its tiles where it is, 16 rows at A's row stride, for every whole 32
+depths; only the depth tail (kc % 32 depths, zero-padded to a slab of 32) and the
+matrix's ragged last register block (whose rows past M do not exist) are packed as above.
+That saves the packing's pass over A (about 12% of a one-thread 333 x 1000 x 777) where
+the rows spread over L1's sets; rows 2 or 4 KB apart (K = 1024, 2048) fall on 2 to 4 sets
+and are packed.
+
 The micro-kernel keeps 2 x 2 accumulator tiles (C, 32 x 32 f32) in tile registers across
 its depth loop (x86_amx phis) and loads 2 tiles of A and 2 of B per 32 depths: all 8 tile
 registers. It is written with LLVM's shape-carrying intrinsics
@@ -41,6 +49,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import loopir as L
+from .codegen_values import Val
 from .gemm import I64, PACKED_EMITTERS, PTR, declare_intrinsic, element_pointer, splat
 from .gemm_bf16 import (
     AMX_DEPTH,
@@ -51,6 +60,7 @@ from .gemm_bf16 import (
     amx_usable,
     is_amx_block,
 )
+from .schedule import _flat_coefficient
 from .target import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -58,6 +68,11 @@ F32 = ir.FloatType()
 TILE_BYTES = 64  # bytes per tile row: 16 f32 or 32 bf16
 TILE_COLUMNS = 16  # f32 columns of an accumulator tile
 PREFETCH_STEPS = 2  # how many depth steps (of 32) ahead the kernel prefetches A and B
+# A is read in place only when its row stride in bytes has no power-of-two factor above
+# this, so a block's 32 rows fall on at least 16 of L1's 64 sets: at 2 and 4 KB (1024^3,
+# 2048^3) they fell on 2 to 4 and the product ran 20-30% slower than on packed A, while
+# 333 x 1000 x 777 (2000 bytes) ran about 5% faster without packing A (one-thread timings).
+SPREAD_ROW_BYTES = 256
 # The kernel status when Linux refuses tile data (runtime.py and cabi.py report it).
 STATUS_NO_TILE_DATA = -2
 
@@ -76,9 +91,14 @@ class AmxEmitter(Bf16DotEmitter):
     def __init__(self, cg, gemm: L.Gemm):
         super().__init__(cg, gemm)
         self.tile_depth = -(-gemm.tiles.kc // AMX_DEPTH) * AMX_DEPTH  # the deepest panel
-        # A block: tile_depth / 32 slabs of mc rows x 32 depths (a_offset); gemm.py sizes
-        # it as mc x a_stride.
-        self.a_stride = self.tile_depth
+        # A's row stride in elements when its tiles are read where A is (a_read_in_place).
+        self.a_row_stride = a_read_in_place(gemm, cg.buffers)
+        # A block: tile_depth / 32 slabs of mc rows x 32 depths (a_offset); read in place,
+        # the same for the matrix's ragged last register block, then one slab for the depth
+        # tail (`tail_slab`). gemm.py sizes the block as mc x a_stride.
+        tail = AMX_DEPTH if self.a_row_stride is not None else 0
+        self.a_stride = self.tile_depth + tail
+        self.direct = None  # (pointer to A's block, rows read in place): pack_a sets it
 
     def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
         self.request_tile_data()
@@ -141,6 +161,51 @@ class AmxEmitter(Bf16DotEmitter):
                                  b.and_(k, self.const(AMX_DEPTH - 1))))
 
     def pack_a(self, packed, ic, mc, pc, kc) -> None:
+        """The slabs of A's block; read in place, only what tiles of A cannot read where it
+        is: the matrix's ragged last register block (its rows past M do not exist) and the
+        depths past the last whole 32 (a tile row is 32 depths; past kc it must read
+        zeros, not the next row)."""
+        if self.a_row_stride is None:
+            self.pack_a_slabs(packed, ic, mc, pc, kc)
+            return
+        b = self.b
+        direct = self.direct_rows(ic, mc)
+        self.direct = (self.a_pointer(ic, pc), direct)
+        with b.if_then(b.icmp_signed("<", direct, mc)):
+            self.pack_a_slabs(packed, b.add(ic, direct), b.sub(mc, direct), pc, kc)
+        whole = b.and_(kc, self.const(-AMX_DEPTH))
+        with b.if_then(b.icmp_signed("<", whole, kc)):
+            self.pack_a_slabs(self.tail_slab(packed), ic, direct, b.add(pc, whole),
+                              b.sub(kc, whole))
+
+    def direct_rows(self, ic, mc):
+        """The rows of the A block [ic, ic + mc) read in place: whole register blocks, the
+        last one past mc too where A has those rows (they belong to the next thread's block
+        or are never stored: the kernel stores only rows below its `rows`)."""
+        b, mr = self.b, self.tiles.mr
+        up = _round_up(b, mc, mr)
+        exists = b.icmp_signed("<=", b.add(ic, up), self.const(self.g.m))
+        return b.select(exists, up, b.and_(mc, self.const(-mr)))
+
+    def tail_slab(self, packed):
+        """Where the depth tail's slab (mc rows x 32 depths) of an A read in place goes."""
+        return self.gep(packed, self.const(self.tiles.mc * self.tile_depth))
+
+    def a_pointer(self, row, depth):
+        """&A[row, depth] (the batch entry from the gemm's batch variables), from the flat
+        offset of the operand's load."""
+        g, cg, b = self.g, self.cg, self.b
+        load = g.a_elem
+        cg.push_scope()
+        cg.env[-1][g.i.name] = Val(row, False)
+        cg.env[-1][g.k.name] = Val(depth, False)
+        offset = self.const(0)
+        for component, stride in zip(load.index, cg.buffers[load.buffer].strides, strict=True):
+            offset = b.add(offset, b.mul(cg.expr(component).value, self.const(stride)))
+        cg.pop_scope()
+        return element_pointer(b, cg.pointers[load.buffer], offset, I16)
+
+    def pack_a_slabs(self, packed, ic, mc, pc, kc) -> None:
         """gemm_bf16's rows (zeros from kc up to a multiple of 16), then zeros up to the next
         multiple of 32 where that is further."""
         super().pack_a(packed, ic, mc, pc, kc)
@@ -154,22 +219,38 @@ class AmxEmitter(Bf16DotEmitter):
             self.cg.loop(self.const(0), mc, 1, [], row)
 
     def micro_kernel(self) -> ir.Function:
-        return amx_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr, self.tiles.mc)
+        return amx_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr)
 
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                     col_end) -> None:
         """gemm.py's micro_tiles with one kernel call per B micro-panel for all of the A
-        block's register blocks (amx_micro_kernel's `blocks`)."""
-        g, b = self.g, self.b
+        block's register blocks (amx_micro_kernel's `blocks`); with A read in place, one
+        for the rows read there and one for a packed ragged last block."""
+        g, b, mr = self.g, self.b, self.tiles.mr
         kernel = self.micro_kernel()
         steps = self.micro_steps(kc)
-        blocks = b.sdiv(b.add(mc, self.const(self.tiles.mr - 1)), self.const(self.tiles.mr))
+        slabs = (self.const(TILE_BYTES), self.const(self.tiles.mc * TILE_BYTES), steps)
+
+        def call(a, b_panel, row0, col0, blocks, layout, tail):
+            b.call(kernel, [a, b_panel, steps, self.c_pointer(row0, col0), self.const(g.n),
+                            b.sub(row_hi, row0), b.sub(col_end, col0), first, blocks,
+                            *layout, tail])
 
         def panel(jr, carried):
             col0 = b.add(jc, jr)
-            b.call(kernel, [packed_a, self.gep(packed_b, self.b_panel_offset(jr, kc)), steps,
-                            self.c_pointer(ic, col0), self.const(g.n),
-                            b.sub(row_hi, ic), b.sub(col_end, col0), first, blocks])
+            b_panel = self.gep(packed_b, self.b_panel_offset(jr, kc))
+            if self.a_row_stride is None:
+                blocks = b.sdiv(_round_up(b, mc, mr), self.const(mr))
+                call(packed_a, b_panel, ic, col0, blocks, slabs, packed_a)
+                return carried
+            a, direct = self.direct
+            in_place = (self.const(2 * self.a_row_stride), self.const(TILE_BYTES),
+                        b.ashr(kc, self.const(5)))
+            call(a, b_panel, ic, col0, b.sdiv(direct, self.const(mr)), in_place,
+                 self.tail_slab(packed_a))
+            with b.if_then(b.icmp_signed("<", direct, mc)):
+                call(packed_a, b_panel, b.add(ic, direct), col0, self.const(1), slabs,
+                     packed_a)
             return carried
         self.cg.loop(self.const(0), nc, self.tiles.nr, [], panel)
 
@@ -177,16 +258,19 @@ class AmxEmitter(Bf16DotEmitter):
         return self.b.ashr(self.panel_depth(kc), self.const(5))  # steps of AMX_DEPTH
 
 
-def amx_micro_kernel(module: ir.Module, mr: int, nr: int, slab_rows: int) -> ir.Function:
+def amx_micro_kernel(module: ir.Module, mr: int, nr: int) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first,
-    i64 blocks)`: gemm.micro_kernel_function's signature (steps counting 32 depths) with
-    `blocks` register blocks of mr rows one after the other: for q < blocks,
+    i64 blocks, i64 row_bytes, i64 step_bytes, i64 main_steps, ptr tail)`:
+    gemm.micro_kernel_function's signature (steps counting 32 depths) with `blocks`
+    register blocks of mr rows one after the other: for q < blocks,
     C[q mr + r, j] (+)= sum over d < 32 steps of A[q mr + r, d] * B[d, j] for q mr + r < rows
-    and j < cols (at most nr), A read from slabs of slab_rows rows x 32 depths
-    (AmxEmitter.a_offset), B from its pair-interleaved panel.
+    and j < cols (at most nr), B read from its pair-interleaved panel and A's 32 depths of
+    row r at step s from a + r row_bytes + s step_bytes for s < main_steps (slabs of packed
+    rows: 64 and mc x 64 bytes; A in place: its row stride and 64), from the slab at `tail`
+    (rows 64 bytes apart) for the steps after.
     One call per B micro-panel and A block: `ldtilecfg` and `tilerelease` cost about as
     much as a block's 32 x 32 x 1024 products, so they are paid once per call."""
-    name = f"tilegen.gemm.amx.{mr}x{nr}.m{slab_rows}"
+    name = f"tilegen.gemm.amx.{mr}x{nr}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -199,13 +283,15 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, slab_rows: int) -> ir.
                               [I16, I16, PTR, I64, TILE])
     zeros = _zero_rows(module)
 
-    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1, I64])
+    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1, I64,
+                                           I64, I64, I64, PTR])
     function = ir.Function(module, fnty, name)
     function.linkage = "internal"
     function.attributes.add("nounwind")
     function.attributes.add("noinline")
-    a_first, bp, steps, c_first, ldc, rows_first, cols, first, blocks = function.args
-    for arg in (a_first, bp, c_first):
+    (a_first, bp, steps, c_first, ldc, rows_first, cols, first, blocks,
+     row_bytes, step_bytes, main_steps, tail_first) = function.args
+    for arg in (bp, c_first):
         arg.add_attribute("noalias")
     b = ir.IRBuilder(function.append_basic_block("entry"))
 
@@ -230,7 +316,8 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, slab_rows: int) -> ir.
     b.position_at_end(outer)
     block = b.phi(I64, name="q")
     block.add_incoming(const(0), before)
-    a = element_pointer(b, a_first, b.mul(block, const(mr * TILE_BYTES)), byte)
+    a = element_pointer(b, a_first, b.mul(block, b.mul(row_bytes, const(mr))), byte)
+    tail = element_pointer(b, tail_first, b.mul(block, const(mr * TILE_BYTES)), byte)
     c = element_pointer(b, c_first, b.mul(b.mul(block, const(mr)), c_stride), byte)
     rows = b.sub(rows_first, b.mul(block, const(mr)))
     whole = b.and_(b.icmp_signed(">=", rows, const(mr)), b.icmp_signed(">=", cols, const(nr)))
@@ -282,17 +369,19 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, slab_rows: int) -> ir.
         phi = b.phi(TILE)
         phi.add_incoming(value, entry)
         accumulators.append(phi)
-    slab_bytes = slab_rows * TILE_BYTES
     b_row_bytes = const(2 * 2 * nr)  # one depth pair of nr columns
+    in_main = b.icmp_signed("<", step, main_steps)
+    a_step = b.select(in_main, element_pointer(b, a, b.mul(step, step_bytes), byte), tail)
+    a_stride = b.select(in_main, row_bytes, tile_bytes_wide)
     a_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
-        b, a, b.add(b.mul(step, const(slab_bytes)), const(tr * AMX_TILE_ROWS * TILE_BYTES)),
-        byte), tile_bytes_wide])
+        b, a_step, b.mul(a_stride, const(tr * AMX_TILE_ROWS)), byte), a_stride])
         for tr in range(row_tiles)]
     b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * nr))  # 16 pairs per step
     b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
         b, bp, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
         for tc in range(column_tiles)]
-    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, slab_bytes)
+    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, row_bytes,
+              step_bytes)
     updated = [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
                             accumulators[tr * column_tiles + tc], a_tiles[tr], b_tiles[tc]])
                for tr in range(row_tiles) for tc in range(column_tiles)]
@@ -327,18 +416,18 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, slab_rows: int) -> ir.
     return function
 
 
-def _prefetch(module, b, a, bp, step, mr: int, nr: int, slab_bytes: int) -> None:
-    """Prefetch into L1 the A tiles and B panel lines of depth step `step` (both contiguous:
-    mr and 32 lines). The hardware prefetchers do not keep tileloadd fed from L2 (on this
-    project's Xeon the 1024^3 product ran about 1.7x faster with these, in noisy one-thread
-    timings); past the end of a panel they touch lines nobody reads, which a prefetch
-    never faults on."""
+def _prefetch(module, b, a, bp, step, mr: int, nr: int, row_bytes, step_bytes) -> None:
+    """Prefetch into L1 the A rows and B panel lines of depth step `step` (mr rows of 64
+    bytes, row_bytes apart, and 32 contiguous lines). The hardware prefetchers do not keep
+    tileloadd fed from L2 (on this project's Xeon the 1024^3 product ran about 1.7x faster
+    with these, in noisy one-thread timings); past the end of a panel or of A's whole
+    steps they touch lines nobody reads, which a prefetch never faults on."""
     prefetch = declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
                                  [PTR, I32, I32, I32])
     read, keep, data = (ir.Constant(I32, value) for value in (0, 3, 1))
-    a_step = b.mul(step, ir.Constant(I64, slab_bytes))
-    for line in range(mr):  # one 64-byte row of the slab per line
-        b.call(prefetch, [element_pointer(b, a, b.add(a_step, ir.Constant(I64, 64 * line)),
+    a_step = element_pointer(b, a, b.mul(step, step_bytes), I8)
+    for line in range(mr):  # one 64-byte row of the step per line
+        b.call(prefetch, [element_pointer(b, a_step, b.mul(row_bytes, ir.Constant(I64, line)),
                                           I8), read, keep, data])
     b_step = b.mul(step, ir.Constant(I64, AMX_DEPTH // 2 * 2 * 2 * nr))
     for line in range(AMX_DEPTH // 2 * 2 * 2 * nr // 64):  # 16 pairs of nr columns
@@ -373,6 +462,30 @@ def _zero_rows(module: ir.Module) -> ir.GlobalVariable:
     zeros.linkage = "internal"
     zeros.align = 64
     return zeros
+
+
+def a_read_in_place(gemm: L.Gemm, buffers) -> int | None:
+    """A's row stride in elements when the kernel reads A's tiles where A is instead of
+    packing them: A is a plain load of a bf16 buffer, contiguous along k, its rows a
+    positive stride apart (an affine index in i, k and the batch variables). None
+    otherwise: a cast, computed or transposed operand is packed, its element expression
+    evaluated while packing."""
+    load = gemm.a_elem
+    if not isinstance(load, L.Load) or buffers[load.buffer].dtype != L.BF16_STORAGE:
+        return None
+    allowed = {gemm.i.name, gemm.k.name, *(var.name for var in gemm.batch)}
+    if any(not L.free_vars(component) <= allowed for component in load.index):
+        return None
+    strides = buffers[load.buffer].strides
+    if _flat_coefficient(load.index, strides, gemm.k.name) != 1:
+        return None
+    row_stride = _flat_coefficient(load.index, strides, gemm.i.name)
+    if row_stride is None or row_stride <= 0:
+        return None
+    row_bytes = 2 * row_stride
+    if row_bytes & -row_bytes > SPREAD_ROW_BYTES:
+        return None
+    return row_stride
 
 
 def bf16_emitter(cg, gemm: L.Gemm):

@@ -1,0 +1,111 @@
+"""The AMX kernel reading A's tiles where A is (tilegen/gemm_amx.py, `a_read_in_place`):
+which operands it reads in place, and products whose A is read there -- depth tails from
+their padded slab, the matrix's ragged last rows from packed ones -- against the exact
+products of the bf16 inputs (NumPy float64), with infinities placed where a read past a
+row's last depth would meet B's zero padding."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kina_frontend import program_from_text
+from tilegen.api import compile_program
+from tilegen.gemm_amx import a_read_in_place
+from tilegen.gemm_bf16 import amx_usable, is_amx_block
+from tilegen.loopir import Gemm
+from tilegen.runtime import program_of
+from tilegen.target import host_target
+
+BF16 = ml_dtypes.bfloat16
+HOST_AMX, NO_AMX_REASON = amx_usable(host_target())
+pytestmark = pytest.mark.skipif(not HOST_AMX, reason=f"no AMX-BF16 here: {NO_AMX_REASON}")
+
+
+def _ty(shape, dtype="BF16"):
+    return f"Tensor[{dtype}, [{', '.join(str(d) for d in shape)}], @host]"
+
+
+def _compile(source, monkeypatch, threads=2):
+    monkeypatch.setenv("TILEGEN_BF16_DOT", "amx")
+    monkeypatch.setenv("TILEGEN_NUM_THREADS", str(threads))
+    return compile_program(program_from_text(source))
+
+
+def _row_strides(module, name="f"):
+    """a_read_in_place of each gemm of `name` (all of them AMX gemms)."""
+    kernel = program_of(module).plans[name].kernel
+    buffers = {buffer.name: buffer for buffer in kernel.buffers}
+    gemms = [s for s in kernel.body if isinstance(s, Gemm)]
+    assert gemms and all(is_amx_block(g.tiles) for g in gemms)
+    return [a_read_in_place(g, buffers) for g in gemms]
+
+
+def _matmul(m, k, n, a_type="BF16"):
+    return (f"fn f(a: {_ty((m, k), a_type)}, b: {_ty((k, n))}) -> {_ty((m, n), 'F32')} "
+            "{ return matmul(a, b); }")
+
+
+@pytest.mark.parametrize("k,stride", [(1000, 1000), (37, 37), (1152, 1152), (1024, None),
+                                      (2048, None), (1280, None)])
+def test_row_major_bf16_a_is_read_in_place_unless_its_rows_alias_in_l1(k, stride,
+                                                                       monkeypatch):
+    # 2 KB and 4 KB rows put a block's 32 rows on 2-4 L1 sets; 1152 x 2 bytes spreads them.
+    assert _row_strides(_compile(_matmul(64, k, 64), monkeypatch)) == [stride]
+
+
+def test_batched_a_is_read_in_place_and_others_are_packed(monkeypatch):
+    source = f"""
+fn f(x: {_ty((5, 67, 39))}, y: {_ty((5, 39, 48))}, w: {_ty((41, 66))}, r: {_ty((70, 41))},
+     h: {_ty((70, 41), 'F32')}) -> ({_ty((5, 67, 48), 'F32')}, {_ty((66, 70), 'F32')},
+     {_ty((70, 66), 'F32')}) {{
+  let batched = matmul(x, y);
+  let across = matmul(transpose(w, [1, 0]), transpose(r, [1, 0]));
+  let rounded = matmul(cast(h, BF16), w);
+  return (batched, across, rounded);
+}}"""
+    assert _row_strides(_compile(source, monkeypatch)) == [39, None, None]
+
+
+def _check(got, a, b):
+    wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
+    exact = np.matmul(wide_a, wide_b)
+    bound = a.shape[-1] * 2.0 ** -24 * np.matmul(np.abs(wide_a), np.abs(wide_b))
+    assert np.max(np.abs(got - exact) - bound) <= 1e-30
+
+
+# Depth tails of 8, 31 and 1 after whole steps, one and three depth blocks (1037: a last
+# block of 13 depths, all of it the tail), ragged last rows (333, 45, 17) and whole ones,
+# products of at most 16 rows (one row of tiles), one and two threads.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n", [(333, 1000, 777), (45, 63, 70), (64, 33, 40),
+                                   (17, 1037, 50), (13, 2111, 33), (96, 2049, 64)])
+def test_products_of_a_read_in_place(m, k, n, threads, monkeypatch):
+    module = _compile(_matmul(m, k, n), monkeypatch, threads)
+    assert _row_strides(module) == [k]
+    rng = np.random.default_rng(m + k + n)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    b[0] = np.where(b[0] == 0, 1, b[0])
+    # Infinities at depth 0 of every third row: a tile that read past the last depth of
+    # the row above would multiply them by B's zero padding (NaN in a finite row).
+    a[::3, 0] = np.inf
+    got = module.f(a, b)
+    finite = np.ones(m, bool)
+    finite[::3] = False
+    _check(got[finite], a[finite], b)
+    assert np.array_equal(got[~finite], np.broadcast_to(np.sign(b[0].astype(np.float32))
+                                                        * np.float32(np.inf),
+                                                        got[~finite].shape))
+
+
+def test_batched_products_of_a_read_in_place(monkeypatch):
+    source = f"fn f(x: {_ty((3, 70, 45))}, y: {_ty((3, 45, 50))}) -> " \
+             f"{_ty((3, 70, 50), 'F32')} {{ return matmul(x, y); }}"
+    module = _compile(source, monkeypatch)
+    assert _row_strides(module) == [45]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 70, 45)).astype(BF16)
+    y = rng.standard_normal((3, 45, 50)).astype(BF16)
+    _check(module.f(x, y), x, y)
