@@ -31,6 +31,7 @@ from dataclasses import replace
 from llvmlite import ir
 
 from . import loopir as L
+from .codegen_values import Val
 from .config import Config
 from .gemm import (
     I64,
@@ -42,6 +43,7 @@ from .gemm import (
     micro_kernel_shell,
     splat,
 )
+from .schedule import _flat_coefficient as flat_coefficient
 from .target import Target, amx_tile_permission
 
 I16, I32 = ir.IntType(16), ir.IntType(32)
@@ -170,6 +172,36 @@ def is_amx_block(tiles: L.GemmTiles) -> bool:
     return tiles.nr == AMX_COLUMNS and tiles.mr in (AMX_TILE_ROWS, AMX_ROWS)
 
 
+def bf16_row_stride(gemm: L.Gemm, buffers, load: L.Expr, along: L.Var, rows: L.Var):
+    """The stride in elements along `rows` of an operand that is a plain load of a bf16
+    buffer, contiguous along `along` (an affine index in `along`, `rows` and the batch
+    variables), so its bits can be read as they are; None for anything else (a cast, a
+    computed or a transposed operand)."""
+    if not isinstance(load, L.Load) or buffers[load.buffer].dtype != L.BF16_STORAGE:
+        return None
+    allowed = {along.name, rows.name, *(var.name for var in gemm.batch)}
+    if any(not L.free_vars(component) <= allowed for component in load.index):
+        return None
+    strides = buffers[load.buffer].strides
+    if flat_coefficient(load.index, strides, along.name) != 1:
+        return None
+    return flat_coefficient(load.index, strides, rows.name)
+
+
+def operand_pointer(cg, load: L.Load, at: dict):
+    """The address of `load`'s element with the gemm variables of `at` (Var -> i64 value)
+    bound, the batch entry from the environment."""
+    b = cg.b
+    cg.push_scope()
+    for var, value in at.items():
+        cg.env[-1][var.name] = Val(value, False)
+    offset = ir.Constant(I64, 0)
+    for component, stride in zip(load.index, cg.buffers[load.buffer].strides, strict=True):
+        offset = b.add(offset, b.mul(cg.expr(component).value, ir.Constant(I64, stride)))
+    cg.pop_scope()
+    return element_pointer(b, cg.pointers[load.buffer], offset, I16)
+
+
 def _even(count):
     return (count + 1) // 2 * 2
 
@@ -229,6 +261,7 @@ class Bf16DotEmitter(_GemmEmitter):
             k1 = b.select(b.icmp_signed(">", k1, last), last, k1)
 
             def panel(jr, carried):
+                offset = b.add(b.mul(jr, depth), b.mul(p, self.const(2 * nr)))
                 for part in range(self.vectors_per_row):
                     first = b.add(b.add(jc, jr), self.const(part * LANES))
                     mask = self.lane_mask(first, self.const(g.n))
@@ -236,9 +269,8 @@ class Bf16DotEmitter(_GemmEmitter):
                     odd_mask = b.and_(mask, self.cg.splat(inside, LANES))
                     odd = self._tile_value(g.b_elem, g.j, first, odd_mask, [(g.k, k1)])
                     pairs = self.interleave(even, odd)
-                    offset = b.add(b.add(b.mul(jr, depth), b.mul(p, self.const(2 * nr))),
-                                   self.const(part * 2 * LANES))
-                    b.store(pairs, self.gep(packed, offset), align=2)
+                    b.store(pairs, self.gep(packed, b.add(offset, self.const(part * 2 * LANES))),
+                            align=2)
                 return carried
             self.cg.loop(self.const(0), nc, nr, [], panel)
             return carried
