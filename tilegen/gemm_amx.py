@@ -225,10 +225,24 @@ class AmxEmitter(Bf16DotEmitter):
         steps = self.micro_steps(kc)
         slabs = (self.const(TILE_BYTES), self.const(self.tiles.mc * TILE_BYTES), steps)
 
-        def call(a, b_panel, row0, col0, blocks, layout, tail):
+        def call(a, b_panel, row0, col0, blocks, layout, tail, kernel=kernel):
             b.call(kernel, [a, b_panel, steps, self.c_pointer(row0, col0), self.const(g.n),
                             b.sub(row_hi, row0), b.sub(col_end, col0), first, blocks,
                             *layout, tail])
+
+        def ragged(a, b_panel, row0, col0):
+            """The packed ragged last block: on one row of tiles when it has at most 16
+            rows (333 = 10 x 32 + 13), half the products of a 32-row block."""
+            if mr == AMX_TILE_ROWS:
+                call(a, b_panel, row0, col0, self.const(1), slabs, a)
+                return
+            half = amx_micro_kernel(self.cg.module, AMX_TILE_ROWS, self.tiles.nr)
+            short = b.icmp_signed("<=", b.sub(row_hi, row0), self.const(AMX_TILE_ROWS))
+            with b.if_else(short) as (then, otherwise):
+                with then:
+                    call(a, b_panel, row0, col0, self.const(1), slabs, a, half)
+                with otherwise:
+                    call(a, b_panel, row0, col0, self.const(1), slabs, a)
 
         def panel(jr, carried):
             col0 = b.add(jc, jr)
@@ -243,8 +257,7 @@ class AmxEmitter(Bf16DotEmitter):
             call(a, b_panel, ic, col0, b.sdiv(direct, self.const(mr)), in_place,
                  self.tail_slab(packed_a))
             with b.if_then(b.icmp_signed("<", direct, mc)):
-                call(packed_a, b_panel, b.add(ic, direct), col0, self.const(1), slabs,
-                     packed_a)
+                ragged(packed_a, b_panel, b.add(ic, direct), col0)
             return carried
         self.cg.loop(self.const(0), nc, self.tiles.nr, [], panel)
 
