@@ -1,8 +1,9 @@
-"""The AMX kernel reading A's tiles where A is (tilegen/gemm_amx.py, `a_read_in_place`):
-which operands it reads in place, and products whose A is read there -- depth tails from
-their padded slab, the matrix's ragged last rows from packed ones -- against the exact
-products of the bf16 inputs (NumPy float64), with infinities placed where a read past a
-row's last depth would meet B's zero padding."""
+"""The AMX gemm (tilegen/gemm_amx.py): which operands it reads in place
+(`a_read_in_place`), and products whose A is read there -- depth tails from their padded
+slab, the matrix's ragged last rows from packed ones -- against the exact products of the
+bf16 inputs (NumPy float64), with infinities placed where a read past a row's last depth
+would meet B's zero padding; and how two threads split a product (gemm.splits_columns:
+whichever split packs fewer elements a thread, counted here by walking the blocks)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 
 from kina_frontend import program_from_text
 from tilegen.api import compile_program
+from tilegen.gemm import splits_columns
 from tilegen.gemm_amx import a_read_in_place
-from tilegen.gemm_bf16 import amx_usable, is_amx_block
-from tilegen.loopir import Gemm
+from tilegen.gemm_bf16 import amx_tiles, amx_usable, is_amx_block
+from tilegen.loopir import Gemm, GemmTiles
 from tilegen.runtime import program_of
 from tilegen.target import host_target
 
@@ -110,3 +112,47 @@ def test_batched_products_of_a_read_in_place(monkeypatch):
     x = rng.standard_normal((3, 70, 45)).astype(BF16)
     y = rng.standard_normal((3, 45, 50)).astype(BF16)
     _check(module.f(x, y), x, y)
+
+
+def _packed_per_thread(m, n, tiles, threads, by_columns):
+    """The elements (per unit of depth) the busiest thread packs, walking its blocks: A's
+    rows once per column block it runs, B's columns once."""
+    def share(extent, unit):
+        units = -(-extent // unit)
+        per = -(-units // threads)
+        return min(extent, per * unit)
+    if by_columns:
+        columns = share(n, tiles.nr)
+        a = sum(m for _ in range(0, columns, tiles.nc))
+        return a + columns
+    rows = share(m, tiles.mr)
+    return sum(rows for _ in range(0, n, tiles.nc)) + n
+
+
+@pytest.mark.parametrize("m,n", [(1024, 1024), (2048, 2048), (333, 777), (600, 1100),
+                                 (4096, 384), (333, 333), (64, 3000), (3000, 600)])
+def test_two_threads_split_the_way_that_packs_less(m, n):
+    tiles = amx_tiles(m, n, 2048, host_target())
+    rows = _packed_per_thread(m, n, tiles, 2, False)
+    columns = _packed_per_thread(m, n, tiles, 2, True)
+    if rows != columns:
+        assert splits_columns(m, n, tiles, 2) == (columns < rows), (rows, columns)
+    # One column block (the f32 kernel's panels of up to 2048 columns): columns iff n > m.
+    wide = GemmTiles(14, 32, 256, 98, -(-min(n, 2048) // 32) * 32)
+    if n <= 2048:
+        assert splits_columns(m, n, wide, 2) == (n > m)
+
+
+@pytest.mark.parametrize("m,k,n", [(1024, 1024, 1024), (1100, 1030, 1000)])
+def test_square_products_split_by_columns(m, k, n, monkeypatch):
+    # 512-column AMX panels: two threads splitting 1024 columns each pack half of B and
+    # all of A once, where splitting the rows packed all of B and half of A twice.
+    module = _compile(_matmul(m, k, n), monkeypatch)
+    (gemm,) = [s for s in program_of(module).plans["f"].kernel.body if isinstance(s, Gemm)]
+    assert gemm.tiles.nc < n and splits_columns(m, n, gemm.tiles, gemm.threads)
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    two = module.f(a, b)
+    _check(two, a, b)
+    assert np.array_equal(two, _compile(_matmul(m, k, n), monkeypatch, threads=1).f(a, b))
