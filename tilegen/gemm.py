@@ -183,8 +183,8 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
     for var, value in zip(gemm.batch, batch_values, strict=True):
         cg.env[-1][var.name] = _val(value)
     if splits_columns(gemm.m, gemm.n, gemm.tiles, gemm.threads):
-        # Wider than tall (x @ lm_head): split the columns, so each thread packs only its
-        # part of the big B panel (and all of the small A) instead of all of B.
+        # Wider than tall (x @ lm_head), or square over several column blocks: split the
+        # columns, so each thread packs only its part of B instead of all of it.
         cg.parallel(column_units, gemm.threads, column_body)
     elif gemm.threads > 1 and row_units >= 2:
         cg.parallel(row_units, gemm.threads, row_body)
