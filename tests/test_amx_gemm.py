@@ -80,10 +80,11 @@ def _check(got, a, b):
 # Depth tails of 8, 31 and 1 after whole steps, one and three depth blocks (1037: a last
 # block of 13 depths, all of it the tail), ragged last rows (333, 45: 13 rows, on the
 # kernel of one row of tiles; 17 on the one of two) and whole ones, products of at most
-# 16 rows (one row of tiles throughout), one and two threads.
+# 16 rows (one row of tiles throughout: 13 packed, 16 read in place), one and two threads.
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m,k,n", [(333, 1000, 777), (45, 63, 70), (64, 33, 40),
-                                   (17, 1037, 50), (13, 2111, 33), (96, 2049, 64)])
+                                   (17, 1037, 50), (13, 2111, 33), (16, 200, 40),
+                                   (96, 2049, 64)])
 def test_products_of_a_read_in_place(m, k, n, threads, monkeypatch):
     module = _compile(_matmul(m, k, n), monkeypatch, threads)
     assert _row_strides(module) == [k]
