@@ -43,7 +43,7 @@ from .gemm import (
     micro_kernel_shell,
     splat,
 )
-from .schedule import _flat_coefficient as flat_coefficient
+from .schedule import flat_coefficient
 from .target import Target, amx_tile_permission
 
 I16, I32 = ir.IntType(16), ir.IntType(32)

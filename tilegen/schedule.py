@@ -126,7 +126,7 @@ def vectorize_pass(kernel: L.Kernel, target: Target) -> L.Kernel:
     return replace(kernel, body=body)
 
 
-def _flat_coefficient(index: tuple[L.Expr, ...], strides: tuple[int, ...], var: str) -> int | None:
+def flat_coefficient(index: tuple[L.Expr, ...], strides: tuple[int, ...], var: str) -> int | None:
     """Coefficient of `var` in the flattened offset, None if it is not affine in `var`."""
     total = 0
     for component, stride in zip(index, strides, strict=True):
@@ -162,7 +162,7 @@ def _loop_width(loop: L.For, strides, target: Target) -> int:
         return 0
     dtypes = set()
     for store in stores:
-        if _flat_coefficient(store.index, strides[store.buffer], loop.var.name) != 1:
+        if flat_coefficient(store.index, strides[store.buffer], loop.var.name) != 1:
             return 0
         dtypes.add(store.value.dtype)
     if len(dtypes) != 1:
@@ -189,7 +189,7 @@ def _outer_vectorizable(loop: L.For, strides) -> bool:
         if isinstance(stmt, L.For):
             continue
         if isinstance(stmt, L.Store) and \
-                _flat_coefficient(stmt.index, strides[stmt.buffer], loop.var.name) != 1:
+                flat_coefficient(stmt.index, strides[stmt.buffer], loop.var.name) != 1:
             return False
         if strided_load(stmt.value, loop.var.name, strides):
             return False
@@ -204,7 +204,7 @@ def strided_load(expr: L.Expr, var: str, strides) -> bool:
     """Some load's flattened offset moves by other than 0 or 1 per step of `var` (or not
     affinely: a gather). `strides`: buffer name -> strides."""
     if isinstance(expr, L.Load):
-        coefficient = _flat_coefficient(expr.index, strides[expr.buffer], var)
+        coefficient = flat_coefficient(expr.index, strides[expr.buffer], var)
         if coefficient not in (0, 1):
             return True
     return any(strided_load(c, var, strides) for c in L.children(expr))
@@ -240,7 +240,7 @@ def _schedule_expr(expr: L.Expr, strides, target: Target, in_vector: bool) -> L.
 
 
 def _reads_contiguously(expr: L.Expr, var: str, strides) -> bool:
-    if isinstance(expr, L.Load) and _flat_coefficient(expr.index, strides[expr.buffer],
+    if isinstance(expr, L.Load) and flat_coefficient(expr.index, strides[expr.buffer],
                                                       var) == 1:
         return True
     return any(_reads_contiguously(c, var, strides) for c in L.children(expr))
