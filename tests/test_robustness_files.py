@@ -432,9 +432,25 @@ def test_sigint_during_the_link_of_dash_o(tmp_path, phase, delay):
         assert list(temp.iterdir()) == [], stderr
 
 
+def _interrupted_after_creating(prefix: str):
+    """An `os.open` that raises KeyboardInterrupt just after it creates a file named
+    `prefix...`: Ctrl-C landing between a staging file's creation and its name's return."""
+    real_open = os.open
+
+    def created_then_interrupted(file, flags, *args, **kwargs):
+        descriptor = real_open(file, flags, *args, **kwargs)
+        if os.path.basename(file).startswith(prefix):
+            os.close(descriptor)
+            raise KeyboardInterrupt
+        return descriptor
+
+    return created_then_interrupted
+
+
 def test_interrupted_link_keeps_the_old_library(tmp_path, monkeypatch):
-    """Ctrl-C while the finished library is copied next to its destination or renamed onto
-    it: the library already there is untouched and the staging copy is removed."""
+    """Ctrl-C while the staging copy is created, while the finished library is copied into
+    it next to its destination, or while it is renamed onto it: the library already there
+    is untouched and the staging copy is removed."""
     from kina_frontend import load_program, specialize
     from tilegen import library
     from tilegen.pipeline import plan_program
@@ -450,7 +466,9 @@ def test_interrupted_link_keeps_the_old_library(tmp_path, monkeypatch):
     def no_rename(*args, **kwargs):
         raise KeyboardInterrupt
 
-    for name, replacement in (("copyfile", half_copy), ("replace", no_rename)):
+    created_then_interrupted = _interrupted_after_creating(".tilegen-")
+    for name, replacement in (("copyfile", half_copy), ("replace", no_rename),
+                              ("open", created_then_interrupted)):
         with monkeypatch.context() as patch:
             patch.setattr(library.shutil if name == "copyfile" else library.os, name,
                           replacement)
@@ -469,17 +487,18 @@ def test_interrupted_cache_write_leaves_no_partial_entry(tmp_path, monkeypatch):
     source = ("fn f(x: Tensor[F32, [4, 8], @host]) -> Tensor[F32, [4, 8], @host] {\n"
               f"  return softmax(x * {time.time_ns() % 1000 + 2}.0, axis=1);\n}}\n")
     monkeypatch.setenv("TILEGEN_CACHE_DIR", str(tmp_path / "cache"))
-    real_replace = os.replace
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cache.os, "replace", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        tilegen.compile_source(source, "cached.kina").f  # noqa: B018 -- compiles
-    assert _leftovers(tmp_path / "cache") == []
-    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
-    monkeypatch.setattr(cache.os, "replace", real_replace)
+    created_then_interrupted = _interrupted_after_creating(".tmp-")
+    for name, replacement in (("replace", interrupted), ("open", created_then_interrupted)):
+        with monkeypatch.context() as patch:
+            patch.setattr(cache.os, name, replacement)
+            with pytest.raises(KeyboardInterrupt):
+                tilegen.compile_source(source, "cached.kina").f  # noqa: B018 -- compiles
+        assert _leftovers(tmp_path / "cache") == []
+        assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     got = tilegen.compile_source(source, "cached.kina").f(x)
     np.testing.assert_allclose(got.sum(axis=1), np.ones(4), rtol=1e-5)

@@ -29,6 +29,7 @@ from pathlib import Path
 from kina_frontend.types import DType
 
 from .config import MEMORY_CACHE_ENTRIES
+from .staging import create_staging_file, staging_name
 from .target import compiler_identity
 
 _FORMAT = "tilegen-cache-v1"
@@ -166,9 +167,9 @@ class DiskCache:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    staging = staging_name(path.parent, ".tmp-")
     try:
-        with os.fdopen(handle, "wb") as stream:
+        with os.fdopen(create_staging_file(staging), "wb") as stream:
             stream.write(data)
         os.replace(staging, path)
     except BaseException:

@@ -32,6 +32,7 @@ from .runtime import (
     new_module,
 )
 from .signature import Signature
+from .staging import create_staging_file, staging_name
 from .symbols import METADATA, RUNTIME_TABLE, function_symbol, kernel_symbol
 from .target import host_target
 from .version import __version__
@@ -122,10 +123,9 @@ def _publish(built: str, path: str, mode: int) -> None:
     if os.path.isdir(path):
         raise KinaError("io", f"cannot write '{path}': it is a directory", None)
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    staging = None
+    staging = staging_name(directory, ".tilegen-")
     try:
-        handle_fd, staging = tempfile.mkstemp(prefix=".tilegen-", dir=directory)
-        os.close(handle_fd)
+        os.close(create_staging_file(staging))
         shutil.copyfile(built, staging)
         os.chmod(staging, mode)
         os.replace(staging, path)
@@ -133,7 +133,7 @@ def _publish(built: str, path: str, mode: int) -> None:
         raise KinaError("io", f"cannot write '{path}': {error.strerror or error}",
                         None) from None
     finally:
-        if staging is not None and os.path.exists(staging):
+        if os.path.exists(staging):
             os.unlink(staging)
 
 
