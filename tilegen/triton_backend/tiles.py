@@ -98,18 +98,8 @@ def reduce(e, op) -> None:
         width = min(16, extent)
 
         def row(o):
-            base = e.b.mul(o, _const(extent))
-            firsts = [e.load_chunk(s, base, width) for s in sources]
-
-            def step(j, accs):
-                at = e.b.add(base, e.b.mul(j, _const(width)))
-                return combine(accs, [e.load_chunk(s, at, width) for s in sources])
-            accs = e.counted_loop(_const(1), _const(extent // width), _const(1), firsts, step)
-            lanes = [[e.b.extract_element(a, ir.Constant(I32, k)) for a in accs]
-                     for k in range(width)]
-            total = lanes[0]
-            for lane in lanes[1:]:
-                total = combine(total, lane)
+            total = fold_lanes(e, fold_row(e, sources, e.b.mul(o, _const(extent)), extent,
+                                           width, combine), combine)
             if scalar_result:
                 finals.extend(total)
                 return
@@ -122,6 +112,58 @@ def reduce(e, op) -> None:
             e.loop(outer, row)
     for number, result in enumerate(op.results):
         e.env[result.id] = finals[number] if scalar_result else outs[number]
+
+
+# Independent accumulators a row's reduction keeps: one chain of combines waits on the
+# latency of each (4 cycles for an fadd) while a core can issue two a cycle.
+REDUCTION_CHAINS = 4
+
+
+def fold_row(e, sources, base, extent: int, width: int, combine) -> list:
+    """The `width`-lane vectors (one per source) that combine the `extent` elements from
+    flat `base`: chunk c into accumulator c % chains, then the accumulators pairwise.
+    Triton leaves a reduction's order open; the combine function must be associative and
+    commutative (lanes already meet out of order below)."""
+    count = extent // width
+    chains = min(REDUCTION_CHAINS, count)
+    while count % chains:
+        chains //= 2
+    group, arity = chains * width, len(sources)
+
+    def chunks(at):
+        return [e.load_chunk(s, e.b.add(at, _const(c * width)), width)
+                for c in range(chains) for s in sources]
+
+    def step(j, accs):
+        values = chunks(e.b.add(base, e.b.mul(j, _const(group))))
+        return [value for c in range(chains) for value in combine(
+            accs[c * arity:(c + 1) * arity], values[c * arity:(c + 1) * arity])]
+    accs = e.counted_loop(_const(1), _const(count // chains), _const(1), chunks(base), step)
+    parts = [accs[c * arity:(c + 1) * arity] for c in range(chains)]
+    while len(parts) > 1:
+        parts = [combine(parts[k], parts[k + 1]) for k in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def fold_lanes(e, vectors: list, combine) -> list:
+    """The lanes of `vectors` (one per source) combined into scalars: halves of the vector
+    pairwise while more than two lanes remain (log2 steps, not one per lane), then the
+    last two as scalars."""
+    lanes = vectors[0].type.count if isinstance(vectors[0].type, ir.VectorType) else 0
+    if not lanes:
+        return vectors
+    while lanes > 2:
+        half = lanes // 2
+
+        def part(vector, start, half=half):
+            mask = ir.Constant(ir.VectorType(I32, half),
+                               [ir.Constant(I32, start + k) for k in range(half)])
+            return e.b.shuffle_vector(vector, vector, mask)
+        vectors = combine([part(v, 0) for v in vectors], [part(v, half) for v in vectors])
+        lanes = half
+    scalars = [[e.b.extract_element(v, ir.Constant(I32, k)) for v in vectors]
+               for k in range(lanes)]
+    return scalars[0] if lanes == 1 else combine(scalars[0], scalars[1])
 
 
 def scan(e, op) -> None:
