@@ -115,6 +115,8 @@ class ProgramEmitter:
         self.deferred_dots: dict[int, object] = {}  # dot result id -> kloop.DeferredDot
         # loaded tiles stored elsewhere than a tile of their own: id -> store(index, chunk)
         self.load_sinks: dict[int, object] = {}
+        # updates of carried tiles kept folded (partials.py): id(op) -> its Accumulators
+        self.folded_updates: dict[int, object] = {}
         self.fusion = LoadFusion(program.body)
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
@@ -179,7 +181,10 @@ class ProgramEmitter:
         try:
             self.fusion.settle(self, op)
             handler = _HANDLERS.get(name)
-            if handler is not None:
+            folded = self.folded_updates.get(id(op))
+            if folded is not None:
+                folded.update(op)
+            elif handler is not None:
                 handler(self, op)
             elif name in ELEMENTWISE_OPS:
                 self._elementwise(op)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import kloop
+from . import kloop, partials
 from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType, element_bytes
 
@@ -67,8 +67,8 @@ def _split(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
 
 def reduce(e, op) -> None:
     axis = op.attr("axis")
-    shape = op.operands[0].type.shape
     sources = [e.env[v.id] for v in op.operands]
+    shape = sources[0].type.shape  # a carried tile kept folded is shorter (partials.py)
     outer, extent, inner = _split(shape, axis)
     region = op.regions[0]
     scalar_result = not op.results[0].type.shape
@@ -356,17 +356,20 @@ def _dot_blocked(e, op) -> None:
 class _Carried:
     """Loop-carried or branch-result values: tiles in frame slots, scalars in allocas."""
 
-    def __init__(self, e, types: list[TileType]):
+    def __init__(self, e, types: list[TileType], folded=()):
         self.e = e
         self.types = types
-        self.slots = [e.alloc(t) if t.shape else e.entry_alloca(scalar_type(t.elem))
-                      for t in types]
+        # (positions kept folded in registers instead, partials.py, have no slot)
+        self.slots = [None if position in folded else e.alloc(t) if t.shape else
+                      e.entry_alloca(scalar_type(t.elem)) for position, t in enumerate(types)]
 
     def assign(self, values: list) -> None:
         e = self.e
         pending, in_place = [], []
         tile_offsets = {slot.offset for slot in self.slots if hasattr(slot, "offset")}
         for slot, value, type_ in zip(self.slots, values, self.types, strict=True):
+            if slot is None:
+                continue
             if not type_.shape:
                 pending.append((slot, value))
                 continue
@@ -393,7 +396,7 @@ class _Carried:
                 e.b.store(value, slot)
 
     def read(self) -> list:
-        return [slot if hasattr(slot, "offset") else self.e.b.load(slot)
+        return [slot if slot is None or hasattr(slot, "offset") else self.e.b.load(slot)
                 for slot in self.slots]
 
 
@@ -421,8 +424,11 @@ def _copy(e, source, target) -> None:
 def scf_for(e, op) -> None:
     lower, upper, step = (e.env[v.id] for v in op.operands[:3])
     body = op.regions[0]
-    carried = _Carried(e, [v.type for v in op.operands[3:]])
+    folds = partials.plan(e, op)
+    carried = _Carried(e, [v.type for v in op.operands[3:]], folds)
     carried.assign([e.env[v.id] for v in op.operands[3:]])
+    accumulators = partials.Accumulators(e, folds)
+    accumulators.start([e.env[v.id] for v in op.operands[3:]])
     index_ty = lower.type
     deferred = []
     for dot_op in kloop.deferrable_dots(e, op):
@@ -467,7 +473,8 @@ def scf_for(e, op) -> None:
         kloop.finish(e, plan)
     for position, (result, value) in enumerate(zip(op.results, carried.read(),
                                                    strict=True)):
-        e.env[result.id] = current(position, value)
+        e.env[result.id] = accumulators.finish(position) if position in folds else \
+            current(position, value)
 
 
 def scf_if(e, op) -> None:
