@@ -235,3 +235,108 @@ def test_tutorial_layer_norm_keeps_its_accumulators_folded(monkeypatch):
     torch.testing.assert_close(db, partial_db.sum(0), rtol=1e-5, atol=1e-4)
     assert ("_layer_norm_fwd_fused", 1) in folded and ("_layer_norm_bwd_dwdb", 2) in folded
     assert [count for name, count in folded if name == "_layer_norm_fwd_fused"] == [1, 1, 0]
+
+
+# ---- shared tiles stored by the reduction that reads them first (shared_fills.py) ------------
+
+@triton.jit
+def shared_then_reduced(x_ptr, w_ptr, y_ptr, s_ptr, n, CASE: tl.constexpr, BLOCK: tl.constexpr):
+    """A costly value with several readers, first read by a reduction (directly or through
+    an elementwise op), a store of it, or a branch; then read again elementwise."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    if CASE == 4:  # a store first: x and w are stored, so e holds no load the branch stores
+        tl.store(s_ptr + row, 0.0)
+    e = tl.where(mask, tl.exp(x - 1.0) * w, 0.0)
+    if CASE == 0:  # softmax's pattern: the sum reads it first
+        total = tl.sum(e, axis=0)
+        tl.store(y_ptr + row * n + cols, e / total, mask=mask)
+    elif CASE == 1:  # layer norm backward's: an elementwise op whose reduction reads it
+        total = tl.sum(e * x, axis=0) + tl.sum(e, axis=0)
+        tl.store(y_ptr + row * n + cols, e * total - x, mask=mask)
+    elif CASE == 2:  # stored first, over the row it was loaded from, then reduced
+        tl.store(x_ptr + row * n + cols, e, mask=mask)
+        total = tl.sum(e, axis=0)
+        tl.store(y_ptr + row * n + cols, e + total, mask=mask)
+    elif CASE == 3:  # another reader before the reduction: stored where it is defined
+        tl.store(y_ptr + row * n + cols, e * 2.0, mask=mask)
+        total = tl.sum(e, axis=0)
+        tl.store(y_ptr + row * n + cols, e + total, mask=mask)
+    else:  # the reduction inside a branch: not filled there
+        total = 0.0
+        if n > 3:
+            total = tl.sum(e, axis=0)
+        tl.store(y_ptr + row * n + cols, e - total, mask=mask)
+    tl.store(s_ptr + row, total)
+
+
+def _shared_reference(x, w, case):
+    e = torch.exp(x.double() - 1.0) * w.double()
+    if case == 0:
+        total = e.sum(1, keepdim=True)
+        return e / total, total
+    if case == 1:
+        total = (e * x.double()).sum(1, keepdim=True) + e.sum(1, keepdim=True)
+        return e * total - x.double(), total
+    total = e.sum(1, keepdim=True)
+    if case == 4:
+        total = total if x.shape[1] > 3 else torch.zeros_like(total)
+        return e - total, total
+    return e + total, total
+
+
+@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("n,block", [(1000, 1024), (3, 4), (37, 64), (4096, 4096)])
+def test_shared_value_stored_by_its_first_reduction(case, n, block):
+    g = torch.Generator().manual_seed(case * 31 + n)
+    rows = 3
+    x, w = torch.randn(rows, n, generator=g), torch.rand(n, generator=g) + 0.5
+    x_in = x.clone()
+    y, sums = torch.empty(rows, n), torch.empty(rows)
+    shared_then_reduced[(rows,)](x, w, y, sums, n, CASE=case, BLOCK=block)
+    expected, total = _shared_reference(x_in, w, case)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(sums.double(), total[:, 0], rtol=1e-5, atol=1e-4)
+    if case == 2:  # the first store wrote e over x
+        torch.testing.assert_close(x.double(), torch.exp(x_in.double() - 1.0) * w.double(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def shared_2d(x_ptr, out0_ptr, out1_ptr, y_ptr, A: tl.constexpr, B: tl.constexpr,
+              C: tl.constexpr, AXIS: tl.constexpr):
+    a = tl.arange(0, A)[:, None, None]
+    b = tl.arange(0, B)[None, :, None]
+    c = tl.arange(0, C)[None, None, :]
+    offsets = a * B * C + b * C + c
+    e = tl.exp(tl.load(x_ptr + offsets)) * 0.5 + 1.0
+    r = tl.sum(e, axis=AXIS)
+    if AXIS == 0:
+        tl.store(out0_ptr + tl.arange(0, B)[:, None] * C + tl.arange(0, C)[None, :], r)
+    elif AXIS == 1:
+        tl.store(out0_ptr + tl.arange(0, A)[:, None] * C + tl.arange(0, C)[None, :], r)
+    else:
+        tl.store(out0_ptr + tl.arange(0, A)[:, None] * B + tl.arange(0, B)[None, :], r)
+    tl.store(y_ptr + offsets, e * 3.0)
+    tl.store(out1_ptr + tl.arange(0, 1), tl.sum(tl.sum(tl.sum(e, axis=2), axis=1), axis=0)
+             + tl.zeros([1], dtype=tl.float32))
+
+
+@settings(max_examples=15, deadline=None)
+@given(a=st.sampled_from([1, 2, 8]), b=st.sampled_from([1, 4, 16]), c=st.sampled_from([1, 2, 32]),
+       axis=st.integers(0, 2))
+@example(a=2, b=8, c=1, axis=1)  # chunks of the reduction across rows of width 1
+def test_shared_value_reduced_along_any_axis(a, b, c, axis):
+    g = torch.Generator().manual_seed(a * 100 + b * 10 + c + axis)
+    x = torch.randn(a, b, c, generator=g)
+    shape = [a, b, c]
+    del shape[axis]
+    out0, out1, y = torch.empty(*shape), torch.empty(1), torch.empty(a, b, c)
+    shared_2d[(1,)](x, out0, out1, y, A=a, B=b, C=c, AXIS=axis)
+    e = torch.exp(x.double()) * 0.5 + 1.0
+    torch.testing.assert_close(out0.double(), e.sum(axis), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y.double(), e * 3.0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out1.double(), e.sum().reshape(1), rtol=1e-5, atol=1e-4)
