@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from . import bounds, fused_loads, memory, shapes, tiles
+from . import bounds, fused_loads, memory, shapes, shared_fills, tiles
 from .analysis import axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
@@ -115,7 +115,10 @@ class ProgramEmitter:
         self.deferred_dots: dict[int, object] = {}  # dot result id -> kloop.DeferredDot
         # loaded tiles stored elsewhere than a tile of their own: id -> store(index, chunk)
         self.load_sinks: dict[int, object] = {}
+        # updates of carried tiles kept folded (partials.py): id(op) -> its Accumulators
+        self.folded_updates: dict[int, object] = {}
         self.fusion = LoadFusion(program.body)
+        self.fills = shared_fills.SharedFills(program.body, self.fusion)
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
@@ -178,8 +181,12 @@ class ProgramEmitter:
         self.current_op = op
         try:
             self.fusion.settle(self, op)
+            self.fills.begin(self, op)
             handler = _HANDLERS.get(name)
-            if handler is not None:
+            folded = self.folded_updates.get(id(op))
+            if folded is not None:
+                folded.update(op)
+            elif handler is not None:
                 handler(self, op)
             elif name in ELEMENTWISE_OPS:
                 self._elementwise(op)
@@ -193,6 +200,7 @@ class ProgramEmitter:
                                     "under `else:`")
             else:
                 raise self.fail(op, "this op is not supported by the tilegen backend")
+            self.fills.end(self, op)
         except TileError as error:
             if op.where(self.program.name) in str(error):
                 raise
@@ -254,11 +262,23 @@ class ProgramEmitter:
         would cost more than storing it."""
         readers = self.reader_ops.get(result.id, 0)
         if lazy.cost > LAZY_COST_LIMIT or (readers > 1 and lazy.cost > SHARED_COST_LIMIT):
-            self.env[result.id] = self.materialize(lazy)
+            # stored by the reduction that reads it first, if one does (shared_fills.py)
+            deferred = readers > 1 and self.fills.defer(self, self.current_op, result, lazy)
+            self.env[result.id] = lazy if deferred else self.materialize(lazy)
         else:
             self.env[result.id] = lazy
 
     def _evaluate(self, lazy: Lazy, index: ir.Value, width: int) -> ir.Value:
+        filled = shared_fills.tile_of(self.fills.filled, lazy)
+        if filled is not None:
+            return self._load_tile(filled, index, width)
+        value = self._compute(lazy, index, width)
+        filling = shared_fills.tile_of(self.fills.active, lazy)
+        if filling is not None:
+            self.store_chunk(filling, index, value)
+        return value
+
+    def _compute(self, lazy: Lazy, index: ir.Value, width: int) -> ir.Value:
         kind = lazy.kind
         elem = lazy.type.elem
         if kind == "const":

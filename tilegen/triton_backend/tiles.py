@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import kloop
+from . import kloop, partials
 from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType, element_bytes
 
@@ -67,8 +67,8 @@ def _split(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
 
 def reduce(e, op) -> None:
     axis = op.attr("axis")
-    shape = op.operands[0].type.shape
     sources = [e.env[v.id] for v in op.operands]
+    shape = sources[0].type.shape  # a carried tile kept folded is shorter (partials.py)
     outer, extent, inner = _split(shape, axis)
     region = op.regions[0]
     scalar_result = not op.results[0].type.shape
@@ -98,18 +98,8 @@ def reduce(e, op) -> None:
         width = min(16, extent)
 
         def row(o):
-            base = e.b.mul(o, _const(extent))
-            firsts = [e.load_chunk(s, base, width) for s in sources]
-
-            def step(j, accs):
-                at = e.b.add(base, e.b.mul(j, _const(width)))
-                return combine(accs, [e.load_chunk(s, at, width) for s in sources])
-            accs = e.counted_loop(_const(1), _const(extent // width), _const(1), firsts, step)
-            lanes = [[e.b.extract_element(a, ir.Constant(I32, k)) for a in accs]
-                     for k in range(width)]
-            total = lanes[0]
-            for lane in lanes[1:]:
-                total = combine(total, lane)
+            total = fold_lanes(e, fold_row(e, sources, e.b.mul(o, _const(extent)), extent,
+                                           width, combine), combine)
             if scalar_result:
                 finals.extend(total)
                 return
@@ -122,6 +112,58 @@ def reduce(e, op) -> None:
             e.loop(outer, row)
     for number, result in enumerate(op.results):
         e.env[result.id] = finals[number] if scalar_result else outs[number]
+
+
+# Independent accumulators a row's reduction keeps: one chain of combines waits on the
+# latency of each (4 cycles for an fadd) while a core can issue two a cycle.
+REDUCTION_CHAINS = 4
+
+
+def fold_row(e, sources, base, extent: int, width: int, combine) -> list:
+    """The `width`-lane vectors (one per source) that combine the `extent` elements from
+    flat `base`: chunk c into accumulator c % chains, then the accumulators pairwise.
+    Triton leaves a reduction's order open; the combine function must be associative and
+    commutative (lanes already meet out of order below)."""
+    count = extent // width
+    chains = min(REDUCTION_CHAINS, count)
+    while count % chains:
+        chains //= 2
+    group, arity = chains * width, len(sources)
+
+    def chunks(at):
+        return [e.load_chunk(s, e.b.add(at, _const(c * width)), width)
+                for c in range(chains) for s in sources]
+
+    def step(j, accs):
+        values = chunks(e.b.add(base, e.b.mul(j, _const(group))))
+        return [value for c in range(chains) for value in combine(
+            accs[c * arity:(c + 1) * arity], values[c * arity:(c + 1) * arity])]
+    accs = e.counted_loop(_const(1), _const(count // chains), _const(1), chunks(base), step)
+    parts = [accs[c * arity:(c + 1) * arity] for c in range(chains)]
+    while len(parts) > 1:
+        parts = [combine(parts[k], parts[k + 1]) for k in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def fold_lanes(e, vectors: list, combine) -> list:
+    """The lanes of `vectors` (one per source) combined into scalars: halves of the vector
+    pairwise while more than two lanes remain (log2 steps, not one per lane), then the
+    last two as scalars."""
+    lanes = vectors[0].type.count if isinstance(vectors[0].type, ir.VectorType) else 0
+    if not lanes:
+        return vectors
+    while lanes > 2:
+        half = lanes // 2
+
+        def part(vector, start, half=half):
+            mask = ir.Constant(ir.VectorType(I32, half),
+                               [ir.Constant(I32, start + k) for k in range(half)])
+            return e.b.shuffle_vector(vector, vector, mask)
+        vectors = combine([part(v, 0) for v in vectors], [part(v, half) for v in vectors])
+        lanes = half
+    scalars = [[e.b.extract_element(v, ir.Constant(I32, k)) for v in vectors]
+               for k in range(lanes)]
+    return scalars[0] if lanes == 1 else combine(scalars[0], scalars[1])
 
 
 def scan(e, op) -> None:
@@ -314,17 +356,20 @@ def _dot_blocked(e, op) -> None:
 class _Carried:
     """Loop-carried or branch-result values: tiles in frame slots, scalars in allocas."""
 
-    def __init__(self, e, types: list[TileType]):
+    def __init__(self, e, types: list[TileType], folded=()):
         self.e = e
         self.types = types
-        self.slots = [e.alloc(t) if t.shape else e.entry_alloca(scalar_type(t.elem))
-                      for t in types]
+        # (positions kept folded in registers instead, partials.py, have no slot)
+        self.slots = [None if position in folded else e.alloc(t) if t.shape else
+                      e.entry_alloca(scalar_type(t.elem)) for position, t in enumerate(types)]
 
     def assign(self, values: list) -> None:
         e = self.e
         pending, in_place = [], []
         tile_offsets = {slot.offset for slot in self.slots if hasattr(slot, "offset")}
         for slot, value, type_ in zip(self.slots, values, self.types, strict=True):
+            if slot is None:
+                continue
             if not type_.shape:
                 pending.append((slot, value))
                 continue
@@ -351,7 +396,7 @@ class _Carried:
                 e.b.store(value, slot)
 
     def read(self) -> list:
-        return [slot if hasattr(slot, "offset") else self.e.b.load(slot)
+        return [slot if slot is None or hasattr(slot, "offset") else self.e.b.load(slot)
                 for slot in self.slots]
 
 
@@ -379,8 +424,11 @@ def _copy(e, source, target) -> None:
 def scf_for(e, op) -> None:
     lower, upper, step = (e.env[v.id] for v in op.operands[:3])
     body = op.regions[0]
-    carried = _Carried(e, [v.type for v in op.operands[3:]])
+    folds = partials.plan(e, op)
+    carried = _Carried(e, [v.type for v in op.operands[3:]], folds)
     carried.assign([e.env[v.id] for v in op.operands[3:]])
+    accumulators = partials.Accumulators(e, folds)
+    accumulators.start([e.env[v.id] for v in op.operands[3:]])
     index_ty = lower.type
     deferred = []
     for dot_op in kloop.deferrable_dots(e, op):
@@ -425,7 +473,8 @@ def scf_for(e, op) -> None:
         kloop.finish(e, plan)
     for position, (result, value) in enumerate(zip(op.results, carried.read(),
                                                    strict=True)):
-        e.env[result.id] = current(position, value)
+        e.env[result.id] = accumulators.finish(position) if position in folds else \
+            current(position, value)
 
 
 def scf_if(e, op) -> None:

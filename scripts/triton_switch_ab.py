@@ -1,0 +1,120 @@
+"""A/B of one lowering switch of the Triton backend, inside one process (for direction only).
+
+Each tutorial kernel is compiled twice, once with the switch off and once on (two JITFunction
+objects from the same source; run with TRITON_ALWAYS_COMPILE=1 so that the second compile
+does not come from the disk cache the first one wrote), and the two are timed interleaved,
+in alternating order, on the same inputs: the same memory placement and the same load on a
+shared machine for both, which separate processes do not give. CPU time of the calling
+thread with TILEGEN_NUM_THREADS=1 (so a descheduled thread costs nothing).
+
+    TRITON_ALWAYS_COMPILE=1 TILEGEN_NUM_THREADS=1 python scripts/triton_switch_ab.py partials
+
+Switches: fills (shared_fills.py), partials (partials.py), chains (tiles.REDUCTION_CHAINS),
+all. Prints, per kernel, the minimum with the switch off and on and their ratio (> 1: the
+switch helps), and the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+import triton
+
+import tilegen.triton_backend
+from tilegen.triton_backend import partials, shared_fills, tiles
+
+tilegen.triton_backend.register()
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tests.test_triton_tutorials import (  # noqa: E402
+    _layer_norm_fwd_fused,
+    add_kernel,
+    softmax_kernel,
+    softmax_kernel_simple,
+)
+from tests.test_triton_tutorials_2 import (  # noqa: E402
+    _layer_norm_bwd_dwdb,
+    _layer_norm_bwd_dx_fused,
+)
+
+_ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS)
+
+
+def _set(switch: str, on: bool) -> None:
+    off = not on
+    shared_fills.SharedFills.defer = (lambda *args: False) if off and switch in (
+        "fills", "all") else _ORIGINAL[0]
+    partials.plan = (lambda e, loop: {}) if off and switch in ("partials", "all") \
+        else _ORIGINAL[1]
+    tiles.REDUCTION_CHAINS = 1 if off and switch in ("chains", "all") else _ORIGINAL[2]
+
+
+def _cases():
+    rows, cols, group = 4096, 1024, 256
+    x, dy = torch.randn(rows, cols), torch.randn(rows, cols)
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    w, b = torch.rand(cols), torch.rand(cols)
+    mean, rstd = torch.empty(rows), torch.empty(rows)
+    locks = torch.zeros(2 * group, dtype=torch.int32)
+    partial_dw, partial_db = torch.zeros(group, cols), torch.zeros(group, cols)
+    final_dw, final_db = torch.empty(cols), torch.empty(cols)
+    wide, wide_out = torch.randn(4096, 4096), torch.empty(4096, 4096)
+    wide_w, wide_b = torch.rand(4096), torch.rand(4096)
+    a, c, out = torch.rand(1 << 24), torch.rand(1 << 24), torch.empty(1 << 24)
+
+    def backward_dx(kernel):
+        locks.zero_()
+        kernel[(rows,)](dx, dy, partial_dw, partial_db, x, w, mean, rstd, locks, x.stride(0),
+                        cols, BLOCK_SIZE_N=cols, GROUP_SIZE_M=group)
+    return {
+        "softmax": (softmax_kernel_simple, lambda k: k[(rows,)](
+            y, x, x.stride(0), y.stride(0), cols, BLOCK_SIZE=1024)),
+        "softmax-persistent": (softmax_kernel, lambda k: k[(8, 1, 1)](
+            y, x, x.stride(0), y.stride(0), rows, cols, BLOCK_SIZE=1024, num_stages=2)),
+        "layernorm-fwd-1024": (_layer_norm_fwd_fused, lambda k: k[(rows,)](
+            x, y, w, b, mean, rstd, x.stride(0), cols, 1e-5, BLOCK_SIZE=cols)),
+        "layernorm-fwd-4096": (_layer_norm_fwd_fused, lambda k: k[(4096,)](
+            wide, wide_out, wide_w, wide_b, mean, rstd, 4096, 4096, 1e-5, BLOCK_SIZE=4096)),
+        "layernorm-bwd-dx": (_layer_norm_bwd_dx_fused, backward_dx),
+        "layernorm-bwd-dwdb": (_layer_norm_bwd_dwdb, lambda k: k[(cols // 128,)](
+            partial_dw, partial_db, final_dw, final_db, group, cols, BLOCK_SIZE_M=32,
+            BLOCK_SIZE_N=128)),
+        "vector-add": (add_kernel, lambda k: k[((1 << 24) // 1024,)](
+            a, c, out, 1 << 24, BLOCK_SIZE=1024)),
+    }
+
+
+def main() -> None:
+    switch = sys.argv[1] if len(sys.argv) > 1 else "all"
+    reps = int(os.environ.get("REPS", "30"))
+    cases = _cases()
+    chosen = os.environ.get("CASES", ",".join(cases)).split(",")
+    compiled = {}
+    for name in chosen:
+        kernel, call = cases[name]
+        pair = (triton.jit(kernel.fn), triton.jit(kernel.fn))
+        for on, jitted in enumerate(pair):
+            _set(switch, bool(on))
+            call(jitted)
+        compiled[name] = pair
+    _set(switch, True)
+    times = {(name, on): [] for name in chosen for on in (0, 1)}
+    for rep in range(reps):
+        for name in chosen:
+            for on in ((0, 1) if rep % 2 else (1, 0)):
+                start = time.thread_time()
+                cases[name][1](compiled[name][on])
+                times[(name, on)].append(time.thread_time() - start)
+    for name in chosen:
+        off, on = times[(name, 0)], times[(name, 1)]
+        print(f"{switch:8s} {name:20s} off {min(off) * 1e3:8.3f} ms  on {min(on) * 1e3:8.3f} ms"
+              f"  min {min(off) / min(on):.2f}x  median "
+              f"{statistics.median(off) / statistics.median(on):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
