@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,12 +66,13 @@ def compiled_programs(jit: bool) -> Iterator[tuple[object, object, str]]:
     """(rollout module, forward module, where) -- JIT in memory, or .so files in a temporary
     build folder that is removed when the block ends (the loaded libraries stay mapped)."""
     import tilegen
+    from tilegen.staging import temporary_directory
 
     if jit:
         yield (tilegen.compile_file(ROLLOUT_EXAMPLE, jit=True),
                tilegen.compile_file(FORWARD_EXAMPLE, jit=True), "in-process JIT")
         return
-    with tempfile.TemporaryDirectory(prefix="validate_rollout-") as build:
+    with temporary_directory("validate_rollout-") as build:
         rollout = tilegen.compile_file(ROLLOUT_EXAMPLE, jit=False,
                                        output=str(Path(build) / "storylm0_rollout.so"))
         forward = tilegen.compile_file(FORWARD_EXAMPLE, jit=False,

@@ -80,6 +80,7 @@ def compiled_programs(jit: bool) -> Iterator[Programs]:
     """Compile both examples: in-process JIT, or .so files in a temporary folder that is
     removed on the way out (also on Ctrl-C or an error)."""
     import tilegen
+    from tilegen.staging import temporary_directory
 
     started = time.perf_counter()
     if jit:
@@ -88,7 +89,7 @@ def compiled_programs(jit: bool) -> Iterator[Programs]:
         _report_compile("JIT (in-process, nothing written)", started)
         yield _programs(step_module, rollout_module, "jit")
         return
-    with tempfile.TemporaryDirectory(prefix="validate-train-") as folder:
+    with temporary_directory("validate-train-") as folder:
         step_path = os.path.join(folder, "storylm0_nll_step.so")
         rollout_path = os.path.join(folder, "storylm0_rollout.so")
         step_module = tilegen.compile_file(NLL_STEP_EXAMPLE, jit=False, output=step_path)

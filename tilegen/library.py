@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 
 from kina_frontend.diagnostics import KinaError
 
@@ -32,7 +31,7 @@ from .runtime import (
     new_module,
 )
 from .signature import Signature
-from .staging import create_staging_file, staging_name
+from .staging import create_staging_file, staging_name, temporary_directory
 from .symbols import METADATA, RUNTIME_TABLE, function_symbol, kernel_symbol
 from .target import host_target
 from .version import __version__
@@ -84,7 +83,7 @@ def write_library(plans: list[KernelPlan], path: str, header_path: str | None = 
     if compiler is None:
         raise KinaError("io", f"no C compiler found to build {path} (set CC or install gcc)",
                         None)
-    with tempfile.TemporaryDirectory(prefix="tilegen-") as work:
+    with temporary_directory("tilegen-") as work:
         kernels = os.path.join(work, "kernels.o")
         with open(kernels, "wb") as handle:
             handle.write(object_code(parsed, target))
@@ -174,7 +173,7 @@ def aot_module(plans: list[KernelPlan], profile: bool = False,
     if keep_path is not None:
         write_library(plans, keep_path, profile=profile)
         return _library_program(keep_path, signatures, plans, "so")
-    with tempfile.TemporaryDirectory(prefix="tilegen-so-") as work:
+    with temporary_directory("tilegen-so-") as work:
         path = os.path.join(work, "module.so")
         write_library(plans, path, profile=profile)
         return _library_program(path, signatures, plans, "so")
