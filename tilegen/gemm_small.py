@@ -1,18 +1,27 @@
 """Products of few rows (M <= SMALL_M: one sentence's 16 tokens through a Linear layer), with
 B streamed once from where it lies.
 
-    for (batch entry, strip of nr columns) in this thread's run:     threads split the columns
+    for (batch entry, strips of nr columns) in this thread's run:   threads split the columns
       pack A[entry] -> Ap  once per entry                           [m][K], rows copied
-      for each block of mr rows:                                    (one block up to 24 rows)
-        C[rows, strip] = Ap[rows] B[:, strip]                       k loop over all of K
+      for pc in 0..K by kc:                                         depth blocks (kc = 16)
+        for each strip of this thread:
+          for each block of mr rows:                                (one block up to 24 rows)
+            C[rows, strip] (+)= Ap[rows, pc..] B[pc.., strip]       prefetching B[pc + kc..]
 
 The packed gemm (gemm.py) copies a kc x nc block of B into a panel and reads it back once per
 row block: for a 16-row product that copy is as much memory traffic as the product itself,
-and B (a weight matrix, megabytes) is read from memory on every call. Here the micro-kernel
-loads B's rows in place (masked at the right edge), holds all mr x nr accumulators in
-registers over the whole depth, and prefetches the rows it reaches PREFETCH_ROWS steps on, so
-each element of B is read once per call, at the rate memory delivers a strided stream.
-A, small, is packed as before (transposed or computed operands included).
+and B (a weight matrix, megabytes) comes from memory on every call. Here the micro-kernel
+loads B's rows in place (masked at the right edge, so nothing past the matrix is read), with
+all mr x nr accumulators in registers; each element of B is read once per call.
+
+Why short depth blocks: a thread sweeps its strips over kc = 16 rows of B at a time, so it
+reads those rows left to right (a 24 KB stretch of a 384-wide B, not one line per row of a
+1.5 KB stride), and each step prefetches the same strip's row in the next depth block,
+which the thread reaches one sweep of its strips later (about a microsecond). Ad hoc, one
+sentence of MiniLM on one thread (CPU time, docs/models.md): kc = 16 with that prefetch 5.2
+ms, the whole depth in one pass without prefetch 14.5, kc = 64 prefetching 32 rows on 6.0;
+the accumulators go through C once per depth block (16 masked loads and stores per 16 x 16
+FMA steps of 16 rows).
 
 Chosen in lowering (`applies`) for float products whose B element is a plain load, contiguous
 along the columns and affine in the depth (a stored or broadcast matrix: every Linear layer's
@@ -33,9 +42,8 @@ from .target import Target
 
 # Up to this many rows the product streams B in place.
 SMALL_M = 32
-# Rows ahead that the k loop prefetches B from (about 250 cycles ahead at 8 cycles a step).
-PREFETCH_ROWS = 32
-DEPTH_BLOCK = 64
+# Rows of B per depth block; the k loop prefetches the row this many rows on.
+DEPTH_BLOCK = 16
 # At most this many vectors of columns per row block.
 MAX_PARTS = 4
 
@@ -155,7 +163,7 @@ class _SmallMEmitter(G._GemmEmitter):
                         rows = min(t.mr, g.m - row)
                         kernel = small_m_kernel_function(
                             self.cg.module, g.dtype, rows, self.vectors_per_row, self.lanes,
-                            self.a_stride, row_stride, PREFETCH_ROWS)
+                            self.a_stride, row_stride, t.kc)
                         a_block = self.gep(block, b.add(self.const(row * self.a_stride), pc))
                         b.call(kernel, [a_block, b_row, depth,
                                         self.c_pointer(self.const(row), column),
