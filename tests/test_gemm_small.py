@@ -183,3 +183,22 @@ def test_generated_small_products(m, n, k, batch, threads):
     b = rng.standard_normal(shape_b).astype(np.float32)
     exact = a.astype(np.float64) @ b.astype(np.float64)
     assert np.all(np.abs(module.f(a, b) - exact) <= _bound(a, b, k))
+
+
+def test_bf16_storage_b_widened_on_load_is_packed(monkeypatch):
+    """BF16 operands computed in f32 (TILEGEN_BF16_DOT=0): B's loads widen 16-bit storage,
+    so B is packed (widened while packing), not read in place as if it held f32."""
+    import ml_dtypes
+
+    monkeypatch.setenv("TILEGEN_BF16_DOT", "0")
+    m, k, n = 13, 600, 70
+    source = (f"fn f(a: {_ty((m, k), 'BF16')}, b: {_ty((k, n), 'BF16')}) -> "
+              f"{_ty((m, n))} {{ return matmul(a, b); }}")
+    _, module = _compile(source, 2, monkeypatch)
+    (gemm,) = _gemms(module)
+    assert gemm.dtype == "f32" and not gemm.tiles.b_in_place
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
+    assert np.all(np.abs(module.f(a, b) - wide_a @ wide_b) <= _bound(wide_a, wide_b, k))

@@ -49,22 +49,23 @@ MAX_PARTS = 4
 
 
 def applies(dtype: str, m: int, b_elem: L.Expr, j: L.Var, k: L.Var,
-            strides: dict[str, tuple[int, ...]]) -> bool:
+            buffers: dict[str, L.Buffer]) -> bool:
     """Whether the product with B element `b_elem` (at column j, depth k) takes this path."""
     return dtype in L.FLOAT_TYPES and m <= SMALL_M and in_place_row_stride(
-        b_elem, j, k, strides, dtype) is not None
+        b_elem, j, k, buffers, dtype) is not None
 
 
-def in_place_row_stride(b_elem: L.Expr, j: L.Var, k: L.Var,
-                        strides: dict[str, tuple[int, ...]], dtype: str) -> int | None:
-    """B's row stride (elements per step of k) when `b_elem` is a load of a `dtype` buffer
-    contiguous along j and affine in k, else None."""
-    if not (isinstance(b_elem, L.Load) and b_elem.dtype == dtype):
+def in_place_row_stride(b_elem: L.Expr, j: L.Var, k: L.Var, buffers: dict[str, L.Buffer],
+                        dtype: str) -> int | None:
+    """B's row stride (elements per step of k) when `b_elem` is a load of a buffer holding
+    `dtype` elements (not BF16 storage, whose loads widen), contiguous along j and affine
+    in k; else None."""
+    if not (isinstance(b_elem, L.Load) and buffers[b_elem.buffer].dtype == dtype):
         return None
-    buffer_strides = strides[b_elem.buffer]
-    if _flat_coefficient(b_elem.index, buffer_strides, j.name) != 1:
+    strides = buffers[b_elem.buffer].strides
+    if _flat_coefficient(b_elem.index, strides, j.name) != 1:
         return None
-    return _flat_coefficient(b_elem.index, buffer_strides, k.name)
+    return _flat_coefficient(b_elem.index, strides, k.name)
 
 
 def row_blocks(m: int, target: Target) -> tuple[int, int]:
@@ -179,8 +180,8 @@ class _SmallMEmitter(G._GemmEmitter):
         self.cg.release_block(block, slot)
 
     def b_row_stride(self) -> int:
-        strides = {name: buffer.strides for name, buffer in self.cg.buffers.items()}
-        stride = in_place_row_stride(self.g.b_elem, self.g.j, self.g.k, strides, self.g.dtype)
+        stride = in_place_row_stride(self.g.b_elem, self.g.j, self.g.k, self.cg.buffers,
+                                     self.g.dtype)
         if stride is None:
             raise ValueError(f"gemm into {self.g.out!r}: tiles say b_in_place but B "
                              f"({self.g.b_elem}) is not a load contiguous along "

@@ -204,8 +204,8 @@ class LowerContext:
         # even though one head is not.
         flops = 2 * m * n * k * math.prod(batch_extents)
         threads = self.options.num_threads if flops >= GEMM_PARALLEL_WORK else 1
-        strides = {buffer.name: buffer.strides for buffer in self.buffers}
-        if gemm_small.applies(dtype, m, b.at(batch + (kk, j)), j, kk, strides):
+        buffers = {buffer.name: buffer for buffer in self.buffers}
+        if gemm_small.applies(dtype, m, b.at(batch + (kk, j)), j, kk, buffers):
             # Few rows: B (a weight matrix) streamed once where it lies, not packed.
             tiles = gemm_small.small_m_tiles(dtype, m, n, k, self.options.target)
         elif dtype == L.BF16_STORAGE:
