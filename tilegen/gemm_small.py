@@ -80,8 +80,8 @@ def row_blocks(m: int, target: Target) -> tuple[int, int]:
 
 
 def small_m_tiles(dtype: str, m: int, n: int, k: int, target: Target) -> L.GemmTiles:
-    """Tiles of the in-place path: mr x nr register blocks, the whole depth (kc = K), the
-    rows in one block of mc = m, one strip of nr columns at a time."""
+    """Tiles of the in-place path: mr x nr register blocks, depth blocks of kc =
+    DEPTH_BLOCK, all rows in one A block of mc = m, strips of nr columns (nc = nr)."""
     mr, parts = row_blocks(m, target)
     nr = parts * target.lanes(dtype)
     return L.GemmTiles(mr, nr, min(k, DEPTH_BLOCK), m, nr, b_in_place=True)
@@ -134,8 +134,8 @@ class _SmallMEmitter(G._GemmEmitter):
         g, b, t = self.g, self.b, self.tiles
         units = self.const(strips)
         block, slot = self.scratch(g.m * self.a_stride)
-        first = b.sdiv(lo, units)
-        last = b.sdiv(b.add(hi, self.const(strips - 1)), units)
+        first_entry = b.sdiv(lo, units)
+        last_entry = b.sdiv(b.add(hi, self.const(strips - 1)), units)
 
         def entry(flat, carried):
             base = b.mul(flat, units)
@@ -148,7 +148,6 @@ class _SmallMEmitter(G._GemmEmitter):
                 remainder = b.sdiv(remainder, self.const(extent))
             self.pack_a(block, self.const(0), self.const(g.m), self.const(0),
                         self.const(g.k_extent))
-
             row_stride = self.b_row_stride()
 
             def depth_block(pc, carried):
@@ -175,7 +174,7 @@ class _SmallMEmitter(G._GemmEmitter):
             self.cg.loop(0, g.k_extent, t.kc, [], depth_block)
             self.cg.pop_scope()
             return carried
-        self.cg.loop(first, last, 1, [], entry)
+        self.cg.loop(first_entry, last_entry, 1, [], entry)
         self.cg.cleanups.remove(block)
         self.cg.release_block(block, slot)
 
