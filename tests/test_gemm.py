@@ -243,3 +243,33 @@ def test_row_sums_and_maxima_finish_four_rows_at_a_time(rows, depth, monkeypatch
     x[rows - 1, 0] = np.nan  # the last row: in the remainder, or the last of a group
     result = module.soft(x)
     assert np.isnan(result[rows - 1]).all() and not np.isnan(result[:rows - 1]).any()
+
+
+def test_rows_past_m_in_the_packed_a_block_are_zeros(monkeypatch):
+    """37 rows in register blocks of 12: the micro-kernel multiplies rows 37..47 of the
+    packed A block too (and stores none of them). Those rows are zeroed, not left with what
+    the cached heap block held: a denormal there made every FMA on it a microcode assist.
+    The block is poisoned with denormals between two calls and read back."""
+    import ctypes
+
+    m, k, n = 37, 100, 50
+    source = (f"fn f(a: {_ty((m, k))}, b: {_ty((k, n))}) -> {_ty((m, n))} "
+              "{ return matmul(a, b); }")
+    _, module = _compile(source, 1, monkeypatch)
+    (gemm,) = [s for s in program_of(module).plans["f"].kernel.body if isinstance(s, Gemm)]
+    tiles = gemm.tiles
+    assert not tiles.b_in_place and m % tiles.mr and tiles.mc >= -(-m // tiles.mr) * tiles.mr
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    module.f(a, b)
+    (slot,) = [s for s in program_of(module)._natives["f"].owner._slots if s]
+    a_stride = -(-tiles.kc // 16) * 16
+    floats = tiles.mc * a_stride + tiles.kc * tiles.nc
+    block = np.ctypeslib.as_array((ctypes.c_float * floats).from_address(slot))
+    block[:] = np.float32(1e-40)  # a denormal
+    got = module.f(a, b)
+    padding = block[:tiles.mc * a_stride].reshape(tiles.mc, a_stride)[m:, :k]
+    assert not padding.any()
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)

@@ -147,7 +147,10 @@ def test_weights_are_read_in_program_order(tensors):
             transposed += 1
         np.testing.assert_array_equal(array, stored)
         assert array.dtype == np.float32 and array.flags.c_contiguous
+        # in one huge-page arena (kina_models/arena.py), each on a page boundary
+        assert array.ctypes.data % 4096 == 0 and not array.flags.writeable
     assert transposed == 6 * 6
+    assert len({id(array.base) for array in encoder.weights}) == 1
 
 
 # ---------------------------------------------------------------------------- bad folders

@@ -341,6 +341,8 @@ class _GemmEmitter:
                 def row_block(ic, carried):
                     mc = _smin(self.b, self.const(t.mc), self.b.sub(row_hi, ic))
                     self.pack_a(packed_a, ic, mc, pc, kc)
+                    if g.dtype in L.FLOAT_TYPES:
+                        self.zero_a_rows(packed_a, mc, kc)
                     self.micro_tiles(packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                                      col_end)
                     return carried
@@ -470,6 +472,25 @@ class _GemmEmitter:
             return carried
         self.cg.loop(self.const(0), mc, 1, [], row)
 
+    def zero_a_rows(self, packed, mc, kc) -> None:
+        """Zeros in the rows from mc to the end of the last register block: the micro-kernel
+        multiplies all mr rows and stores only those below mc, but a stale denormal left in
+        the heap block would make each of its FMAs a microcode assist (one-sentence MiniLM
+        calls 3-7x slower, by how the process' heap happened to be filled; the bf16 dot
+        products flush denormals themselves)."""
+        b, mr = self.b, self.tiles.mr
+        end = _smin(b, b.mul(b.sdiv(b.add(mc, self.const(mr - 1)), self.const(mr)),
+                             self.const(mr)), self.const(self.tiles.mc))
+        zero = ir.Constant(self.vector, None)
+
+        def row(r, carried):
+            def depth(k, carried):
+                self.store_packed(zero, self.gep(packed, self.a_offset(r, k)))
+                return carried
+            self.cg.loop(self.const(0), kc, self.lanes, [], depth)
+            return carried
+        self.cg.loop(mc, end, 1, [], row)
+
     def pack_a_transposed(self, packed, ic, mc, pc, kc) -> None:
         """pack_a for an A read along i: `lanes` depths x `lanes` rows at a time, each depth
         loaded as one vector along i, then transposed in registers. Depths past kc come out
@@ -554,11 +575,8 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
     existing = module.globals.get(name)
     if existing is not None:
         return existing
-    element = SCALAR_LLVM[dtype]
-    vector = ir.VectorType(element, lanes)
+    element, vector, _, fma = vector_fma(module, dtype, lanes)
     parts = nr // lanes
-    suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
-    fma = declare_intrinsic(module, f"llvm.fma.{suffix}", vector, [vector] * 3)
 
     def step(b, a, bp, k, accumulators):
         b_row = element_pointer(b, bp, b.mul(k, ir.Constant(I64, nr)), element)
@@ -583,6 +601,15 @@ def cache_line_aligned(b: ir.IRBuilder, pointer):
     return element_pointer(b, pointer, skip, ir.IntType(8))
 
 
+def vector_fma(module: ir.Module, dtype: str, lanes: int):
+    """(element type, vector type, intrinsic suffix, llvm.fma) for `lanes` x `dtype`."""
+    element = SCALAR_LLVM[dtype]
+    vector = ir.VectorType(element, lanes)
+    suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
+    return element, vector, suffix, declare_intrinsic(module, f"llvm.fma.{suffix}", vector,
+                                                      [vector] * 3)
+
+
 def element_pointer(b: ir.IRBuilder, base, offset, element: ir.Type):
     pointer = b.gep(base, [offset], source_etype=element)
     pointer.type = PTR
@@ -603,11 +630,13 @@ def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
 
 
 def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts: int,
-                       lanes: int, step) -> ir.Function:
+                       lanes: int, step, masked_b: bool = False) -> ir.Function:
     """The micro-kernel around `step(builder, a, b, k, accumulators) -> updated`, one step
     of its k loop over the mr x parts accumulator vectors of `dtype`: the function
     (signature as in micro_kernel_function, kc counting steps), the loop with the
-    accumulators carried as phis, and the masked store of the block into C."""
+    accumulators carried as phis, and the masked store of the block into C. With
+    `masked_b`, step also gets the column masks (one per vector of `cols`), computed once
+    before the loop, for loads of a B that is not zero-padded (gemm_small.py)."""
     element = SCALAR_LLVM[dtype]
     vector = ir.VectorType(element, lanes)
     i32 = ir.IntType(32)
@@ -631,6 +660,10 @@ def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts:
     masked_store = declare_intrinsic(module, f"llvm.masked.store.{suffix}.p0", ir.VoidType(),
                                      [vector, PTR, i32, mask_type])
 
+    steps = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    masks = [b.icmp_signed("<", b.add(splat(b, const(part * lanes), lanes), steps),
+                           splat(b, cols, lanes)) for part in range(parts)]
+
     # The k loop, accumulators carried as phis.
     entry = b.block
     loop = function.append_basic_block("k")
@@ -645,7 +678,8 @@ def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts:
         phi = b.phi(vector)
         phi.add_incoming(zero, entry)
         accumulators.append(phi)
-    updated = step(b, a, bp, k, accumulators)
+    updated = step(b, a, bp, k, accumulators, masks) if masked_b else \
+        step(b, a, bp, k, accumulators)
     following = b.add(k, const(1), flags=("nsw",))
     latch = b.block
     k.add_incoming(following, latch)
@@ -661,9 +695,6 @@ def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts:
         merged.add_incoming(zero, entry)
         merged.add_incoming(value, latch)
         finals.append(merged)
-    steps = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
-    masks = [b.icmp_signed("<", b.add(splat(b, const(part * lanes), lanes), steps),
-                           splat(b, cols, lanes)) for part in range(parts)]
     align = ir.Constant(i32, L.ELEMENT_BYTES[dtype])
     for r in range(mr):
         with b.if_then(b.icmp_signed("<", const(r), rows)):

@@ -296,6 +296,8 @@ class GemmTiles:
     kc: int
     mc: int
     nc: int
+    # B read where it lies, not packed (tilegen/gemm_small.py: products of few rows).
+    b_in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -680,6 +682,7 @@ def _format_stmt(stmt: Stmt, depth: int) -> list[str]:
         return [f"{pad}gemm {stmt.out}[{batch}{stmt.i}<{stmt.m}>, {stmt.j}<{stmt.n}>] = "
                 f"sum[{stmt.k} < {stmt.k_extent}](({stmt.a_elem} * {stmt.b_elem}))",
                 f"{pad}  tiles mr={t.mr} nr={t.nr} kc={t.kc} mc={t.mc} nc={t.nc} "
+                + ("b=in_place " if t.b_in_place else "") +
                 f"threads={stmt.threads} dtype={stmt.dtype}"]
     if isinstance(stmt, Attention):
         batch = "".join(f"{v}<{e}>, " for v, e in zip(stmt.batch, stmt.batch_extents,

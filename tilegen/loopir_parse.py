@@ -311,7 +311,13 @@ class _Parser:
             raise self.error("gemm needs sum[k < K](a * b)", self.at - 1)
         tiles = {}
         self.take("tiles")
+        in_place = False
         for key in ("mr", "nr", "kc", "mc", "nc", "threads"):
+            if key == "threads" and self.peek() == "b":
+                self.take("b")
+                self.take("=")
+                self.take("in_place")
+                in_place = True
             self.take(key)
             self.take("=")
             tiles[key] = self.integer()
@@ -323,7 +329,7 @@ class _Parser:
         return L.Gemm(out, tuple(v for v, _ in batch), tuple(e for _, e in batch), i, j,
                       product.var, m, n, product.extent, product.body.lhs, product.body.rhs,
                       dtype, L.GemmTiles(tiles["mr"], tiles["nr"], tiles["kc"], tiles["mc"],
-                                         tiles["nc"]), tiles["threads"])
+                                         tiles["nc"], in_place), tiles["threads"])
 
     def attention(self) -> L.Attention:
         self.take("attention")

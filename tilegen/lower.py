@@ -19,7 +19,7 @@ from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation
 from kina_frontend.types import DType, TensorType
 
-from . import attention_backward, config, gemm_bf16
+from . import attention_backward, config, gemm_bf16, gemm_small
 from . import gemm as gemm_module
 from . import loopir as L
 from .affine import IndexSimplifier
@@ -204,7 +204,11 @@ class LowerContext:
         # even though one head is not.
         flops = 2 * m * n * k * math.prod(batch_extents)
         threads = self.options.num_threads if flops >= GEMM_PARALLEL_WORK else 1
-        if dtype == L.BF16_STORAGE:
+        buffers = {buffer.name: buffer for buffer in self.buffers}
+        if gemm_small.applies(dtype, m, b.at(batch + (kk, j)), j, kk, buffers):
+            # Few rows: B (a weight matrix) streamed once where it lies, not packed.
+            tiles = gemm_small.small_m_tiles(dtype, m, n, k, self.options.target)
+        elif dtype == L.BF16_STORAGE:
             tiles = gemm_bf16.bf16_tiles(m, n, k, self.options)
         elif self.choose_tiles is not None:
             tiles = self.choose_tiles(dtype, batch_extents, m, n, k, threads)
@@ -213,7 +217,9 @@ class LowerContext:
         # An operand computed while packing (a fused producer) is evaluated once per packing
         # of it; one that is dear to recompute (a contraction, as p @ v read by the output
         # projection) is stored first when packing would evaluate it more than once.
-        a_evaluations, b_evaluations = gemm_module.operand_evaluations(
+        evaluations = gemm_small.operand_evaluations if tiles.b_in_place else \
+            gemm_module.operand_evaluations
+        a_evaluations, b_evaluations = evaluations(
             m, n, math.prod(batch_extents), tiles, threads)
         a, b = self.reusable(a, a_evaluations), self.reusable(b, b_evaluations)
         return L.Gemm(out, batch, batch_extents, i, j, kk, m, n, k, a.at(batch + (i, kk)),

@@ -31,7 +31,7 @@ from .codegen import Emitters, KernelCodegen
 from .config import Config
 from .fastcall import build_entry, build_keyword_entry
 from .fission import fission_pass
-from .gemm import emit_gemm
+from .gemm_small import emit_any_gemm
 from .loopir_verify import verify_kernel
 from .lower import TileChooser, lower_function
 from .parallel import emit_parallel, thread_state_global
@@ -55,7 +55,8 @@ SCHEDULE_PASSES = (
 
 
 # The statements codegen leaves to the modules above it.
-EMITTERS = Emitters(gemm=emit_gemm, parallel=emit_parallel, thread_state=thread_state_global,
+EMITTERS = Emitters(gemm=emit_any_gemm, parallel=emit_parallel,
+                    thread_state=thread_state_global,
                     shared=SharedStatements, attention=emit_fused_attention)
 
 

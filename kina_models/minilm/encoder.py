@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arena import huge_page_arena
 from .checkpoint import (
     ModelConfig,
     ModelFileError,
@@ -66,6 +67,9 @@ class SentenceEncoder:
         self.weights: tuple[np.ndarray, ...] = load_weights(folder, self.config)
         if weights == "bf16":
             self.weights = self._bf16_matmul_weights()
+        # One huge-page arena: a short sentence streams every weight from memory per call
+        # (kina_models/arena.py, docs/models.md "Where the time goes").
+        self.weights = huge_page_arena(self.weights)
         self._compiled: dict[tuple[int, int], object] = {}
         self._lock = threading.Lock()
 
