@@ -37,7 +37,7 @@ from llvmlite import ir
 from . import gemm as G
 from . import loopir as L
 from .codegen_values import Val
-from .schedule import _flat_coefficient
+from .schedule import flat_coefficient
 from .target import Target
 
 # Up to this many rows the product streams B in place.
@@ -63,9 +63,9 @@ def in_place_row_stride(b_elem: L.Expr, j: L.Var, k: L.Var, buffers: dict[str, L
     if not (isinstance(b_elem, L.Load) and buffers[b_elem.buffer].dtype == dtype):
         return None
     strides = buffers[b_elem.buffer].strides
-    if _flat_coefficient(b_elem.index, strides, j.name) != 1:
+    if flat_coefficient(b_elem.index, strides, j.name) != 1:
         return None
-    return _flat_coefficient(b_elem.index, strides, k.name)
+    return flat_coefficient(b_elem.index, strides, k.name)
 
 
 def row_blocks(m: int, target: Target) -> tuple[int, int]:
