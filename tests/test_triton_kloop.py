@@ -167,3 +167,71 @@ def test_carried_tiles_updated_in_place_only_when_safe():
         total += a * b
         a, b = b * 0.5, a + b
     torch.testing.assert_close(out, torch.cat([a, b, total]))
+
+
+@triton.jit
+def rescaled_accumulation(a_ptr, b_ptr, s_ptr, out_ptr, seen_ptr, M, N, K,
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                          ORDER: tl.constexpr):
+    """acc = dot(a, b, acc * s[:, None] + 0.25) per K block, as attention rescales its
+    accumulator; ORDER 1 (2) also reads the old acc before (after) the dot."""
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32) + 1.0
+    seen = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        ks = k * BK + rk
+        a = tl.load(a_ptr + rm[:, None] * K + ks[None, :],
+                    mask=(rm[:, None] < M) & (ks[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + ks[:, None] * N + rn[None, :],
+                    mask=(ks[:, None] < K) & (rn[None, :] < N), other=0.0)
+        s = tl.load(s_ptr + k * M + rm, mask=rm < M, other=0.0)
+        if ORDER == 1:
+            seen += acc
+        new = tl.dot(a, b, acc * s[:, None] + 0.25)
+        if ORDER == 2:
+            seen += acc * 2.0
+        acc = new
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc, mask=mask)
+    tl.store(seen_ptr + rm[:, None] * N + rn[None, :], seen, mask=mask)
+
+
+@pytest.mark.parametrize("order", [0, 1, 2])
+@pytest.mark.parametrize("m,n,k,block_n,half", [(37, 45, 83, 32, False), (16, 64, 16, 64, True),
+                                                  (5, 70, 50, 64, True)])
+def test_rescaled_accumulator_in_its_slot(monkeypatch, m, n, k, block_n, half, order):
+    """A dot whose accumulator is an elementwise expression of the carried tile computes it
+    into the carried slot only when nothing else reads the carried tile (an old value read
+    before or after the dot must see the old value)."""
+    seen_plans = []
+    rescaled = kloop.rescaled_accumulators
+
+    def spy(e, loop):
+        found = rescaled(e, loop)
+        seen_plans.append(len(found))
+        return found
+    monkeypatch.setattr(kloop, "rescaled_accumulators", spy)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    generator = torch.Generator().manual_seed(m * 1000 + n + k)
+    dtype = torch.float16 if half else torch.float32
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    block_m, block_k = 16, 16
+    trips = triton.cdiv(k, block_k)
+    scales = torch.rand(trips, m, generator=generator) + 0.5
+    out, seen = torch.full((m, n), 7.0), torch.full((m, n), 7.0)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    rescaled_accumulation[grid](a, b, scales, out, seen, m, n, k, BM=block_m, BN=block_n,
+                                BK=block_k, ORDER=order)
+    acc = torch.ones(m, n, dtype=torch.float64)
+    expected_seen = torch.zeros(m, n, dtype=torch.float64)
+    for trip in range(trips):
+        part = slice(trip * block_k, (trip + 1) * block_k)
+        expected_seen += acc * (2.0 if order == 2 else 1.0) if order else 0.0
+        acc = a[:, part].double() @ b[part].double() + acc * scales[trip, :, None].double() \
+            + 0.25
+    torch.testing.assert_close(out.double(), acc, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(seen.double(), expected_seen, rtol=1e-5, atol=1e-5)
+    assert seen_plans == [1 if order == 0 else 0]

@@ -113,6 +113,8 @@ class ProgramEmitter:
         self.carried_args = {arg.id for op in walk(program.body) if op.name == "scf.for"
                              for arg in op.regions[0].args[1:]}
         self.deferred_dots: dict[int, object] = {}  # dot result id -> kloop.DeferredDot
+        # dot result id -> (carried slot, the loop's slot offsets): kloop.rescaled_accumulators
+        self.accumulator_slots: dict[int, tuple] = {}
         # loaded tiles stored elsewhere than a tile of their own: id -> store(index, chunk)
         self.load_sinks: dict[int, object] = {}
         self.fusion = LoadFusion(program.body)

@@ -279,3 +279,57 @@ def micro_kernel_blocks(e, kernel, tiles, sizes, stride: int, kc: ir.Value,
 
     e.loop(-(-n // nr), lambda p: e.loop(-(-m // mr), lambda r: block(p, r), unroll=False),
            unroll=False)
+
+
+VIEW_OPS = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape")
+
+
+def rescaled_accumulators(e, loop: Op) -> dict[int, int]:
+    """Dots of `loop`'s body whose accumulator operand is an elementwise expression of one
+    carried tile, as attention's `acc = tl.dot(p, v, acc * alpha[:, None])`, whose result
+    only goes back into that carried value through the yield, and where nothing but that
+    expression reads the carried tile: {dot result id: carried position}. Such a dot
+    computes its accumulator into the carried slot and accumulates there (tiles.dot):
+    no copy of the accumulator into a tile of its own, and none back at the yield."""
+    body = loop.regions[0]
+    terminator = body.ops[-1]
+    if terminator.name != "scf.yield":
+        return {}
+    defined = {result.id: op for op in body.ops for result in op.results}
+    arguments = body.args[1:]
+    found = {}
+    for op in body.ops:
+        if op.name != "tt.dot" or not micro_kernel_dot(op) or e.uses.get(op.result.id) != 1:
+            continue
+        positions = [number for number, value in enumerate(terminator.operands)
+                     if value.id == op.result.id]
+        if len(positions) != 1:
+            continue
+        carried = arguments[positions[0]]
+        if carried.type != op.result.type:
+            continue
+        reads = _reads_in_expression(op.operands[2], carried, defined, e.uses)
+        if reads and reads == e.uses.get(carried.id):
+            found[op.result.id] = positions[0]
+    return found
+
+
+def _reads_in_expression(value, carried, defined, uses) -> int:
+    """How often the elementwise/view expression tree behind `value` (each of its values
+    read once: by its parent, `value` by the dot) reads `carried`; 0 when it does not or
+    is not such a tree."""
+    if value.id == carried.id:
+        return 1
+    source = defined.get(value.id)
+    if source is None or uses.get(value.id) != 1:
+        return 0
+    if not (source.name.startswith(("arith.", "math.")) or source.name in VIEW_OPS) or \
+            source.regions:
+        return 0
+    total = 0
+    for operand in source.operands:
+        if operand.id == carried.id:
+            total += 1
+        elif operand.id in defined:
+            total += _reads_in_expression(operand, carried, defined, uses)
+    return total

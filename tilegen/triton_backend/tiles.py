@@ -209,10 +209,14 @@ def _dot_micro_kernel(e, op) -> None:
     zero_start = getattr(c, "kind", None) == "const" and c.payload == 0
     in_place = c_value.id in e.carried_args and e.uses.get(c_value.id) == 1 and \
         isinstance(c, type(a)) and c_value.type.elem == elem
+    into_slot = e.accumulator_slots.get(op.result.id)
     if zero_start:
         out = e.alloc(op.result.type)
     elif in_place:
         out = c
+    elif into_slot is not None and _same_index_only(c, into_slot[0].offset, into_slot[1]):
+        out = into_slot[0]  # `acc * alpha`, computed into acc's own slot chunk by chunk
+        _copy(e, c, out)
     else:
         out = _copy_of(e, c, op.result.type)
     panels = -(-n // nr)
@@ -383,6 +387,9 @@ def scf_for(e, op) -> None:
     carried.assign([e.env[v.id] for v in op.operands[3:]])
     index_ty = lower.type
     deferred = []
+    tile_offsets = frozenset(slot.offset for slot in carried.slots if hasattr(slot, "offset"))
+    for result_id, position in kloop.rescaled_accumulators(e, op).items():
+        e.accumulator_slots[result_id] = (carried.slots[position], tile_offsets)
     for dot_op in kloop.deferrable_dots(e, op):
         position = [arg.id for arg in body.args[1:]].index(dot_op.operands[2].id)
         plan = kloop.start(e, op, dot_op, carried.slots[position])
