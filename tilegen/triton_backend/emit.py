@@ -117,6 +117,9 @@ class ProgramEmitter:
         self.accumulator_slots: dict[int, tuple] = {}
         # loaded tiles stored elsewhere than a tile of their own: id -> store(index, chunk)
         self.load_sinks: dict[int, object] = {}
+        # loads run only when guard() -> i1 holds: id -> guard (panel_cache.py)
+        self.load_guards: dict[int, object] = {}
+        self.launch_resets: list[int] = []  # frame offsets of i64s zeroed at each launch
         self.fusion = LoadFusion(program.body)
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
@@ -181,7 +184,11 @@ class ProgramEmitter:
         try:
             self.fusion.settle(self, op)
             handler = _HANDLERS.get(name)
-            if handler is not None:
+            guard = self.load_guards.get(op.results[0].id) if op.results else None
+            if guard is not None:  # a load that may be skipped (panel_cache.py)
+                with self.b.if_then(guard()):
+                    handler(self, op)
+            elif handler is not None:
                 handler(self, op)
             elif name in ELEMENTWISE_OPS:
                 self._elementwise(op)

@@ -390,13 +390,14 @@ def scf_for(e, op) -> None:
     tile_offsets = frozenset(slot.offset for slot in carried.slots if hasattr(slot, "offset"))
     for result_id, position in kloop.rescaled_accumulators(e, op).items():
         e.accumulator_slots[result_id] = (carried.slots[position], tile_offsets)
-    for dot_op in kloop.deferrable_dots(e, op):
-        position = [arg.id for arg in body.args[1:]].index(dot_op.operands[2].id)
-        plan = kloop.start(e, op, dot_op, carried.slots[position])
-        e.deferred_dots[dot_op.result.id] = plan
-        deferred.append(plan)
     # advancing pointer tiles: the slot keeps the initial tile, an alloca the offset
     advancing = kloop.advancing_pointers(e, op)
+    for dot_op in kloop.deferrable_dots(e, op):
+        position = [arg.id for arg in body.args[1:]].index(dot_op.operands[2].id)
+        plan = kloop.start(e, op, dot_op, carried.slots[position],
+                           (carried.slots, (lower, upper, step), advancing))
+        e.deferred_dots[dot_op.result.id] = plan
+        deferred.append(plan)
     offsets = {}
     for position in advancing:
         offsets[position] = e.entry_alloca(I64)
