@@ -326,3 +326,17 @@ def test_packed_b_panels_kept_across_programs(monkeypatch, lower_from_pid, mask_
         torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-3)
         b.mul_(-0.5)  # the same addresses, other values: the next launch must reload
     assert found == [cached]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_with_four_vector_wide_blocks(causal):
+    """Tutorial 06 at HEAD_DIM = BLOCK_N = 64: both dots of each K/V block take b unpacked
+    in 6-row blocks (tiles.dot) and the rescaled accumulator is computed into its slot."""
+    from tests.test_triton_tutorials_2 import attention
+
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 192, 64, generator=generator) * 0.5 for _ in range(3))
+    out = attention(q, k, v, causal, 0.125, BLOCK_M=64, BLOCK_N=64)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                scale=0.125)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)

@@ -286,9 +286,10 @@ def _flush(e, plan: DeferredDot, kc: ir.Value) -> None:
     from ..target import host_target
 
     dtype = L.F32 if elem == "f32" else L.F64
-    kernel = micro_kernel_function(e.module, dtype, mr, nr, stride,
-                                   host_target().lanes(dtype))
-    micro_kernel_blocks(e, kernel, (plan.pack_a, plan.pack_b, plan.accumulator),
+    lanes = host_target().lanes(dtype)
+    micro_kernel_blocks(e, lambda rows: micro_kernel_function(e.module, dtype, rows, nr,
+                                                              stride, lanes),
+                        (plan.pack_a, plan.pack_b, plan.accumulator),
                         (m, n, mr, nr), stride, kc, 0, _b_base(e, plan))
 
 
@@ -297,27 +298,31 @@ def micro_kernel_blocks(e, kernel, tiles, sizes, stride: int, kc: ir.Value,
     """out (+)= a @ packed over `kc` of depth, one micro-kernel call per mr x nr block:
     `a` is row-major with row stride `stride`, `packed` holds nr-wide panels of that
     depth (from element `packed_at` on), `out` is m x n row-major; `first` overwrites
-    instead of accumulating."""
+    instead of accumulating. `kernel(rows)` is the micro-kernel of a rows x nr block: the
+    m // mr whole blocks use kernel(mr), the m % mr rows left one of exactly that many
+    rows (a micro-kernel reads every row of its block of `a`)."""
     a, packed, out = tiles
     m, n, mr, nr = sizes
+    whole, left = divmod(m, mr)
 
-    def block(p, row_block):
-        row0 = e.b.mul(row_block, _const(mr))
+    def block(p, row0, rows: int):
         column0 = e.b.mul(p, _const(nr))
-        rows = e.b.sub(_const(m), row0)
-        rows = e.b.select(e.b.icmp_signed("<", rows, _const(mr)), rows, _const(mr))
         columns = e.b.sub(_const(n), column0)
         columns = e.b.select(e.b.icmp_signed("<", columns, _const(nr)), columns,
                              _const(nr))
-        e.b.call(kernel, [e.address(a, e.b.mul(row0, _const(stride))),
-                          e.address(packed, e.b.add(packed_at or _const(0),
-                                                    e.b.mul(p, _const(stride * nr)))),
-                          kc,
-                          e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
-                          _const(n), rows, columns, ir.Constant(ir.IntType(1), first)])
+        e.b.call(kernel(rows), [e.address(a, e.b.mul(row0, _const(stride))),
+                                e.address(packed, e.b.add(packed_at or _const(0),
+                                                          e.b.mul(p, _const(stride * nr)))),
+                                kc,
+                                e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
+                                _const(n), _const(rows), columns,
+                                ir.Constant(ir.IntType(1), first)])
 
-    e.loop(-(-n // nr), lambda p: e.loop(-(-m // mr), lambda r: block(p, r), unroll=False),
-           unroll=False)
+    def panel(p):
+        e.loop(whole, lambda r: block(p, e.b.mul(r, _const(mr)), mr), unroll=False)
+        if left:
+            block(p, _const(whole * mr), left)
+    e.loop(-(-n // nr), panel, unroll=False)
 
 
 VIEW_OPS = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape")
