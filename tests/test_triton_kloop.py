@@ -288,12 +288,13 @@ def _shared_panel_expected(a, b, block_m, block_k, lower_from_pid, mask_from_pid
     return out
 
 
-@pytest.mark.parametrize("lower_from_pid,mask_from_pid,atomic,capacity,cached", [
-    (False, False, False, None, True), (True, False, False, None, True),
-    (False, True, False, None, False), (False, False, True, None, False),
-    (False, False, False, 1, True)])  # (its own block_m: another specialisation)
+@pytest.mark.parametrize("lower_from_pid,mask_from_pid,atomic,capacity,half,cached", [
+    (False, False, False, None, False, True), (True, False, False, None, False, True),
+    (False, True, False, None, False, False), (False, False, True, None, False, False),
+    (False, False, False, 1, False, True),  # (its own block_m: another specialisation)
+    (False, False, False, None, True, True)])  # f16 b: packed from its tile, not its load
 def test_packed_b_panels_kept_across_programs(monkeypatch, lower_from_pid, mask_from_pid,
-                                              atomic, capacity, cached):
+                                              atomic, capacity, half, cached):
     """Programs that read the same b share its packed panels only when they would load
     the same values: the loop's bounds are part of the key, a mask or an atomic that makes
     programs differ turns the reuse off, a loop longer than the panels hold reloads, and
@@ -315,6 +316,8 @@ def test_packed_b_panels_kept_across_programs(monkeypatch, lower_from_pid, mask_
     block_m = 16 if capacity is None else 32
     generator = torch.Generator().manual_seed(31)
     a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
+    if half:
+        a, b = a.half(), b.half()
     counter = torch.zeros(1, dtype=torch.int32)
     for _launch in range(2):
         out = torch.full((m, n), 7.0)

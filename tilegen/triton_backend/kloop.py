@@ -304,6 +304,7 @@ def micro_kernel_blocks(e, kernel, tiles, sizes, stride: int, kc: ir.Value,
     a, packed, out = tiles
     m, n, mr, nr = sizes
     whole, left = divmod(m, mr)
+    start = packed_at if packed_at is not None else _const(0)
 
     def block(p, row0, rows: int):
         column0 = e.b.mul(p, _const(nr))
@@ -311,8 +312,7 @@ def micro_kernel_blocks(e, kernel, tiles, sizes, stride: int, kc: ir.Value,
         columns = e.b.select(e.b.icmp_signed("<", columns, _const(nr)), columns,
                              _const(nr))
         e.b.call(kernel(rows), [e.address(a, e.b.mul(row0, _const(stride))),
-                                e.address(packed, e.b.add(packed_at or _const(0),
-                                                          e.b.mul(p, _const(stride * nr)))),
+                                e.address(packed, e.b.add(start, e.b.mul(p, _const(stride * nr)))),
                                 kc,
                                 e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
                                 _const(n), _const(rows), columns,
