@@ -167,3 +167,179 @@ def test_carried_tiles_updated_in_place_only_when_safe():
         total += a * b
         a, b = b * 0.5, a + b
     torch.testing.assert_close(out, torch.cat([a, b, total]))
+
+
+@triton.jit
+def rescaled_accumulation(a_ptr, b_ptr, s_ptr, out_ptr, seen_ptr, M, N, K,
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                          ORDER: tl.constexpr):
+    """acc = dot(a, b, acc * s[:, None] + 0.25) per K block, as attention rescales its
+    accumulator; ORDER 1 (2) also reads the old acc before (after) the dot."""
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32) + 1.0
+    seen = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        ks = k * BK + rk
+        a = tl.load(a_ptr + rm[:, None] * K + ks[None, :],
+                    mask=(rm[:, None] < M) & (ks[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + ks[:, None] * N + rn[None, :],
+                    mask=(ks[:, None] < K) & (rn[None, :] < N), other=0.0)
+        s = tl.load(s_ptr + k * M + rm, mask=rm < M, other=0.0)
+        if ORDER == 1:
+            seen += acc
+        new = tl.dot(a, b, acc * s[:, None] + 0.25)
+        if ORDER == 2:
+            seen += acc * 2.0
+        acc = new
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc, mask=mask)
+    tl.store(seen_ptr + rm[:, None] * N + rn[None, :], seen, mask=mask)
+
+
+@pytest.mark.parametrize("order", [0, 1, 2])
+@pytest.mark.parametrize("m,n,k,block_n,half", [(37, 45, 83, 32, False), (16, 64, 16, 64, True),
+                                                  (5, 70, 50, 64, True)])
+def test_rescaled_accumulator_in_its_slot(monkeypatch, m, n, k, block_n, half, order):
+    """A dot whose accumulator is an elementwise expression of the carried tile computes it
+    into the carried slot only when nothing else reads the carried tile (an old value read
+    before or after the dot must see the old value)."""
+    seen_plans = []
+    rescaled = kloop.rescaled_accumulators
+
+    def spy(e, loop):
+        found = rescaled(e, loop)
+        seen_plans.append(len(found))
+        return found
+    monkeypatch.setattr(kloop, "rescaled_accumulators", spy)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    generator = torch.Generator().manual_seed(m * 1000 + n + k)
+    dtype = torch.float16 if half else torch.float32
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    block_m, block_k = 16, 16
+    trips = triton.cdiv(k, block_k)
+    scales = torch.rand(trips, m, generator=generator) + 0.5
+    out, seen = torch.full((m, n), 7.0), torch.full((m, n), 7.0)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    rescaled_accumulation[grid](a, b, scales, out, seen, m, n, k, BM=block_m, BN=block_n,
+                                BK=block_k, ORDER=order)
+    acc = torch.ones(m, n, dtype=torch.float64)
+    expected_seen = torch.zeros(m, n, dtype=torch.float64)
+    for trip in range(trips):
+        part = slice(trip * block_k, (trip + 1) * block_k)
+        expected_seen += acc * (2.0 if order == 2 else 1.0) if order else 0.0
+        acc = a[:, part].double() @ b[part].double() + acc * scales[trip, :, None].double() \
+            + 0.25
+    torch.testing.assert_close(out.double(), acc, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(seen.double(), expected_seen, rtol=1e-5, atol=1e-5)
+    assert seen_plans == [1 if order == 0 else 0]
+
+
+@triton.jit
+def shared_panel_matmul(a_ptr, b_ptr, out_ptr, counter_ptr, M, N, K, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, LOWER_FROM_PID: tl.constexpr,
+                        MASK_FROM_PID: tl.constexpr, ATOMIC: tl.constexpr):
+    """Every program reads the same b through the same pointer tiles (the case
+    panel_cache.py keeps b's packed panels for); LOWER_FROM_PID and MASK_FROM_PID make
+    the loop's bounds or b's mask depend on the program, ATOMIC adds an atomic."""
+    pid = tl.program_id(0)
+    rm = pid * BM + tl.arange(0, BM)
+    rn = tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a_ptrs = a_ptr + rm[:, None] * K + rk[None, :]
+    b_ptrs = b_ptr + rk[:, None] * N + (rn[None, :] % N)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    lower = pid % 2 if LOWER_FROM_PID else 0
+    limit = K - pid if MASK_FROM_PID else K
+    for k in range(lower, tl.cdiv(K, BK)):
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < K - k * BK), other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < limit - k * BK, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BK
+        b_ptrs += BK * N
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    if ATOMIC:
+        tl.atomic_add(counter_ptr, 1)
+
+
+def _shared_panel_expected(a, b, block_m, block_k, lower_from_pid, mask_from_pid):
+    """The kernel's loop emulated in float64: trip j of program p reads a's and b's block
+    j under the masks of k = lower + j."""
+    m, k_extent = a.shape
+    n = b.shape[1]
+    out = torch.zeros(m, n, dtype=torch.float64)
+    a_padded = torch.zeros(m, k_extent + block_k, dtype=torch.float64)
+    a_padded[:, :k_extent] = a.double()
+    b_padded = torch.zeros(k_extent + block_k, n, dtype=torch.float64)
+    b_padded[:k_extent] = b.double()
+    steps = torch.arange(block_k)
+    for program in range(triton.cdiv(m, block_m)):
+        rows = slice(program * block_m, min(m, (program + 1) * block_m))
+        lower = program % 2 if lower_from_pid else 0
+        limit = k_extent - program if mask_from_pid else k_extent
+        for trip, k in enumerate(range(lower, triton.cdiv(k_extent, block_k))):
+            part = slice(trip * block_k, (trip + 1) * block_k)
+            a_block = a_padded[rows, part] * (steps < k_extent - k * block_k).double()
+            b_block = b_padded[part] * (steps < limit - k * block_k).double()[:, None]
+            out[rows] += a_block @ b_block
+    return out
+
+
+@pytest.mark.parametrize("lower_from_pid,mask_from_pid,atomic,capacity,half,cached", [
+    (False, False, False, None, False, True), (True, False, False, None, False, True),
+    (False, True, False, None, False, False), (False, False, True, None, False, False),
+    (False, False, False, 1, False, True),  # (its own block_m: another specialisation)
+    (False, False, False, None, True, True)])  # f16 b: packed from its tile, not its load
+def test_packed_b_panels_kept_across_programs(monkeypatch, lower_from_pid, mask_from_pid,
+                                              atomic, capacity, half, cached):
+    """Programs that read the same b share its packed panels only when they would load
+    the same values: the loop's bounds are part of the key, a mask or an atomic that makes
+    programs differ turns the reuse off, a loop longer than the panels hold reloads, and
+    a second launch after b changed in place reads the new b."""
+    from tilegen.triton_backend import panel_cache
+
+    found = []
+    conditions = panel_cache.static_conditions
+
+    def spy(e, loop, dot, advancing):
+        result = conditions(e, loop, dot, advancing)
+        found.append(result is not None)
+        return result
+    monkeypatch.setattr(panel_cache, "static_conditions", spy)
+    if capacity is not None:  # one flush group: 700 deep is more than the panels hold
+        monkeypatch.setattr(panel_cache, "CACHE_BYTES", capacity)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    m, n, k, block_k = 150, 45, 700, 16
+    block_m = 16 if capacity is None else 32
+    generator = torch.Generator().manual_seed(31)
+    a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
+    if half:
+        a, b = a.half(), b.half()
+    counter = torch.zeros(1, dtype=torch.int32)
+    for _launch in range(2):
+        out = torch.full((m, n), 7.0)
+        shared_panel_matmul[(triton.cdiv(m, block_m),)](
+            a, b, out, counter, m, n, k, BM=block_m, BN=64, BK=block_k,
+            LOWER_FROM_PID=lower_from_pid, MASK_FROM_PID=mask_from_pid, ATOMIC=atomic)
+        expected = _shared_panel_expected(a, b, block_m, block_k, lower_from_pid,
+                                          mask_from_pid)
+        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-3)
+        b.mul_(-0.5)  # the same addresses, other values: the next launch must reload
+    assert found == [cached]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_with_four_vector_wide_blocks(causal):
+    """Tutorial 06 at HEAD_DIM = BLOCK_N = 64: both dots of each K/V block take b unpacked
+    in 6-row blocks (tiles.dot) and the rescaled accumulator is computed into its slot."""
+    from tests.test_triton_tutorials_2 import attention
+
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 192, 64, generator=generator) * 0.5 for _ in range(3))
+    out = attention(q, k, v, causal, 0.125, BLOCK_M=64, BLOCK_N=64)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                scale=0.125)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)

@@ -522,3 +522,37 @@ def test_tile_ir_verifier_rejects_malformed_programs():
         Op("arith.addf", (Value(2, TileType("f32", (8,))),), (x, x)),)))
     with pytest.raises(TileError, match="shape differs"):
         verify_program(misshaped)
+
+
+@triton.jit
+def wide_dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                    ACC_IN: tl.constexpr, F64: tl.constexpr):
+    rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+    b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+    if F64:
+        a, b = a.to(tl.float64), b.to(tl.float64)
+    acc = tl.load(c_ptr + rm[:, None] * N + rn[None, :]) if ACC_IN else \
+        tl.zeros((M, N), dtype=tl.float64 if F64 else tl.float32)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b, acc))
+
+
+@pytest.mark.parametrize("m,k", [(8, 16), (16, 64), (128, 32)])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
+def test_four_vector_wide_dots(m, k, dtype):
+    """b four vectors wide (64 f32 or 32 f64 lanes on AVX-512) runs unpacked in 6-row
+    register blocks: every tile height here leaves a remainder block of 2 or 4 rows."""
+    from tilegen.target import host_target
+    n = 4 * host_target().lanes("f64" if dtype == "f64" else "f32")
+    torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+                   "f64": torch.float32}[dtype]
+    generator = torch.Generator().manual_seed(m + k)
+    a = torch.randn(m, k, generator=generator).to(torch_dtype)
+    b = torch.randn(k, n, generator=generator).to(torch_dtype)
+    for acc_in in (False, True):
+        c = torch.randn(m, n, generator=generator, dtype=torch.float64 if dtype == "f64"
+                        else torch.float32)
+        expected = a.double() @ b.double() + (c.double() if acc_in else 0)
+        wide_dot_kernel[(1,)](a, b, c, M=m, N=n, K=k, ACC_IN=acc_in, F64=dtype == "f64")
+        tolerance = 1e-12 if dtype == "f64" else 1e-5
+        torch.testing.assert_close(c.double(), expected, rtol=tolerance, atol=tolerance)

@@ -113,10 +113,15 @@ class ProgramEmitter:
         self.carried_args = {arg.id for op in walk(program.body) if op.name == "scf.for"
                              for arg in op.regions[0].args[1:]}
         self.deferred_dots: dict[int, object] = {}  # dot result id -> kloop.DeferredDot
+        # dot result id -> (carried slot, the loop's slot offsets): kloop.rescaled_accumulators
+        self.accumulator_slots: dict[int, tuple] = {}
         # loaded tiles stored elsewhere than a tile of their own: id -> store(index, chunk)
         self.load_sinks: dict[int, object] = {}
         # updates of carried tiles kept folded (partials.py): id(op) -> its Accumulators
         self.folded_updates: dict[int, object] = {}
+        # loads run only when guard() -> i1 holds: id -> guard (panel_cache.py)
+        self.load_guards: dict[int, object] = {}
+        self.launch_resets: list[int] = []  # frame offsets of i64s zeroed at each launch
         self.fusion = LoadFusion(program.body)
         self.fills = shared_fills.SharedFills(program.body, self.fusion)
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
@@ -184,8 +189,12 @@ class ProgramEmitter:
             self.fills.begin(self, op)
             handler = _HANDLERS.get(name)
             folded = self.folded_updates.get(id(op))
+            guard = self.load_guards.get(op.results[0].id) if op.results else None
             if folded is not None:
                 folded.update(op)
+            elif guard is not None:  # a load that may be skipped (panel_cache.py)
+                with self.b.if_then(guard()):
+                    handler(self, op)
             elif handler is not None:
                 handler(self, op)
             elif name in ELEMENTWISE_OPS:

@@ -9,12 +9,13 @@ from llvmlite import ir
 from .elementwise import I32, I64, PTR
 
 
-def emit_launcher(module: ir.Module, program: ir.Function, name: str) -> ir.Function:
+def emit_launcher(module: ir.Module, program: ir.Function, name: str,
+                  resets: tuple[int, ...] = ()) -> ir.Function:
     args = [PTR, I64, I64, I64, PTR, I64, I32, PTR]
     launch = ir.Function(module, ir.FunctionType(ir.VoidType(), args), f"{name}.launch")
     worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), f"{name}.worker")
     worker.linkage = "internal"
-    _emit_worker(module, worker, program)
+    _emit_worker(module, worker, program, resets)
     b = ir.IRBuilder(launch.append_basic_block("entry"))
     kernel_args, nx, ny, nz, scratch, frame, threads, status = launch.args
     context = b.alloca(I64, size=7)
@@ -33,7 +34,8 @@ def emit_launcher(module: ir.Module, program: ir.Function, name: str) -> ir.Func
     return launch
 
 
-def _emit_worker(module: ir.Module, worker: ir.Function, program: ir.Function) -> None:
+def _emit_worker(module: ir.Module, worker: ir.Function, program: ir.Function,
+                 resets: tuple[int, ...] = ()) -> None:
     b = ir.IRBuilder(worker.append_basic_block("entry"))
     context = worker.args[0]
 
@@ -51,6 +53,9 @@ def _emit_worker(module: ir.Module, worker: ir.Function, program: ir.Function) -
     last = b.sdiv(b.mul(total, b.add(tid, ir.Constant(I64, 1))), count)
     own_frame = b.inttoptr(b.add(scratch, b.mul(tid, frame)), PTR)
     args_pointer, status_pointer = b.inttoptr(kernel_args, PTR), b.inttoptr(status, PTR)
+    for offset in resets:  # frame state kept across the thread's programs, not launches
+        b.store(ir.Constant(I64, 0), b.gep(own_frame, [ir.Constant(I64, offset)],
+                                           source_etype=ir.IntType(8)))
     # (x, y, z) of the program id, divided out once and then stepped (three 64-bit
     # divisions per program cost a vector add's program about a tenth of its time)
     start = (b.srem(first, nx), b.srem(b.sdiv(first, nx), ny), b.sdiv(first, b.mul(nx, ny)))

@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from .tileir import FLOAT_ELEMS, Op, TileType
+from . import panel_cache
+from .tileir import FLOAT_ELEMS, Op, TileType, element_bytes
 
 I64 = ir.IntType(64)
 DEPTH = 256  # the packed K depth of one flush (tilegen's gemm uses kc = 256)
@@ -115,10 +116,14 @@ class DeferredDot:
     nr: int
     mr: int
     loaded_packed: frozenset = frozenset()  # operand ids whose loads fill the packs
+    cache: panel_cache.PanelCache | None = None  # b's panels kept for the next program
+    groups_done: ir.Value | None = None  # i64 alloca: flushes so far (with a cache)
 
 
-def start(e, loop: Op, op: Op, accumulator) -> DeferredDot:
-    """Before the loop: the pack buffers and a zero trip counter."""
+def start(e, loop: Op, op: Op, accumulator, context=None) -> DeferredDot:
+    """Before the loop: the pack buffers and a zero trip counter; with the loop's
+    `context` (its carried slots, its (lower, upper, step) and advancing_pointers), b's
+    panels kept across programs where panel_cache.py allows it."""
     from ..target import host_target
 
     a_value, b_value = op.operands[:2]
@@ -131,10 +136,21 @@ def start(e, loop: Op, op: Op, accumulator) -> DeferredDot:
     group = max(1, DEPTH // depth)
     panels = -(-n // nr)
     pack_a = e.alloc(TileType(elem, (m, group * depth)))
-    pack_b = e.alloc(TileType(elem, (panels, group * depth, nr)))
+    slots, bounds, advancing = context if context is not None else ((), (), {})
+    reuse = panel_cache.static_conditions(e, loop, op, advancing) if context else None
+    group_bytes = panels * group * depth * nr * element_bytes(elem)
+    groups = panel_cache.groups_held(group_bytes) if reuse else 1
+    pack_b = e.alloc(TileType(elem, (groups * panels, group * depth, nr)))
     counter = e.entry_alloca(I64)
     e.b.store(_const(0), counter)
     plan = DeferredDot(op, accumulator, pack_a, pack_b, counter, group, nr, mr)
+    if reuse:
+        load, position = reuse
+        cache = panel_cache.begin(e, load, slots[position], bounds, group, groups)
+        groups_done = e.entry_alloca(I64)
+        e.b.store(_const(0), groups_done)
+        e.load_guards[load.result.id] = lambda: panel_cache.must_load(e, cache)
+        plan = replace(plan, cache=cache, groups_done=groups_done)
     direct = _packed_loads(e, loop, op)
     for operand in direct:
         e.load_sinks[operand.id] = _sink(e, plan, operand is a_value)
@@ -173,8 +189,19 @@ def _sink(e, plan: DeferredDot, is_a: bool):
         kk, j = e.b.udiv(index, _const(n)), e.b.urem(index, _const(n))
         panel, lane = e.b.udiv(j, _const(plan.nr)), e.b.urem(j, _const(plan.nr))
         row = e.b.add(e.b.add(e.b.mul(panel, _const(kc)), column0), kk)
-        e.store_chunk(plan.pack_b, e.b.add(e.b.mul(row, _const(plan.nr)), lane), chunk)
+        at = e.b.add(e.b.mul(row, _const(plan.nr)), lane)
+        e.store_chunk(plan.pack_b, e.b.add(_b_base(e, plan), at), chunk)
     return store
+
+
+def _b_base(e, plan: DeferredDot) -> ir.Value:
+    """The element offset of the current flush group's panels in pack_b."""
+    if plan.cache is None:
+        return _const(0)
+    n = plan.op.operands[1].type.shape[-1]
+    kc = plan.group * plan.op.operands[0].type.shape[1]
+    return panel_cache.group_base(e, plan.cache, plan.groups_done,
+                                  -(-n // plan.nr) * kc * plan.nr)
 
 
 def add(e, plan: DeferredDot, op: Op) -> None:
@@ -195,6 +222,7 @@ def add(e, plan: DeferredDot, op: Op) -> None:
         return e.ew.emit(e.b, "arith.extf", (), [chunk], [source_elem], elem)
 
     column0 = e.b.mul(slot, _const(depth))
+    b_base = _b_base(e, plan)
 
     def pack_a_row(row):
         source = e.b.mul(row, _const(depth))
@@ -207,7 +235,8 @@ def add(e, plan: DeferredDot, op: Op) -> None:
         source = e.b.mul(kk, _const(n))
         depth_at = e.b.add(column0, kk)
         for p in range(-(-n // plan.nr)):
-            target = e.b.mul(e.b.add(_const(p * kc), depth_at), _const(plan.nr))
+            target = e.b.add(b_base, e.b.mul(e.b.add(_const(p * kc), depth_at),
+                                             _const(plan.nr)))
             for part in range(0, min(plan.nr, n), b_width):
                 chunk = converted(b, b_value.type.elem,
                                   e.b.add(source, _const(p * plan.nr + part)), b_width)
@@ -216,13 +245,19 @@ def add(e, plan: DeferredDot, op: Op) -> None:
     if a_value.id not in plan.loaded_packed:
         e.loop(m, pack_a_row, unroll=False)
     if b_value.id not in plan.loaded_packed:
-        e.loop(depth, pack_b_row, unroll=False)
+        if plan.cache is None:
+            e.loop(depth, pack_b_row, unroll=False)
+        else:
+            with e.b.if_then(panel_cache.must_load(e, plan.cache)):
+                e.loop(depth, pack_b_row, unroll=False)
     packed = e.b.add(slot, _const(1))
     full = e.b.icmp_signed("==", packed, _const(plan.group))
     with e.b.if_else(full) as (then, otherwise):
         with then:
             _flush(e, plan, _const(kc))
             e.b.store(_const(0), plan.counter)
+            if plan.groups_done is not None:
+                e.b.store(e.b.add(e.b.load(plan.groups_done), _const(1)), plan.groups_done)
         with otherwise:
             e.b.store(packed, plan.counter)
     e.env[op.result.id] = plan.accumulator
@@ -234,6 +269,8 @@ def finish(e, plan: DeferredDot) -> None:
     slot = e.b.load(plan.counter)
     with e.b.if_then(e.b.icmp_signed(">", slot, _const(0))):
         _flush(e, plan, e.b.mul(slot, _const(depth)))
+    if plan.cache is not None:
+        panel_cache.end(e, plan.cache)
 
 
 def _flush(e, plan: DeferredDot, kc: ir.Value) -> None:
@@ -249,33 +286,94 @@ def _flush(e, plan: DeferredDot, kc: ir.Value) -> None:
     from ..target import host_target
 
     dtype = L.F32 if elem == "f32" else L.F64
-    kernel = micro_kernel_function(e.module, dtype, mr, nr, stride,
-                                   host_target().lanes(dtype))
-    micro_kernel_blocks(e, kernel, (plan.pack_a, plan.pack_b, plan.accumulator),
-                        (m, n, mr, nr), stride, kc, 0)
+    lanes = host_target().lanes(dtype)
+    micro_kernel_blocks(e, lambda rows: micro_kernel_function(e.module, dtype, rows, nr,
+                                                              stride, lanes),
+                        (plan.pack_a, plan.pack_b, plan.accumulator),
+                        (m, n, mr, nr), stride, kc, 0, _b_base(e, plan))
 
 
 def micro_kernel_blocks(e, kernel, tiles, sizes, stride: int, kc: ir.Value,
-                        first: int) -> None:
+                        first: int, packed_at: ir.Value | None = None) -> None:
     """out (+)= a @ packed over `kc` of depth, one micro-kernel call per mr x nr block:
     `a` is row-major with row stride `stride`, `packed` holds nr-wide panels of that
-    depth, `out` is m x n row-major; `first` overwrites instead of accumulating."""
+    depth (from element `packed_at` on), `out` is m x n row-major; `first` overwrites
+    instead of accumulating. `kernel(rows)` is the micro-kernel of a rows x nr block: the
+    m // mr whole blocks use kernel(mr), the m % mr rows left one of exactly that many
+    rows (a micro-kernel reads every row of its block of `a`)."""
     a, packed, out = tiles
     m, n, mr, nr = sizes
+    whole, left = divmod(m, mr)
+    start = packed_at if packed_at is not None else _const(0)
 
-    def block(p, row_block):
-        row0 = e.b.mul(row_block, _const(mr))
+    def block(p, row0, rows: int):
         column0 = e.b.mul(p, _const(nr))
-        rows = e.b.sub(_const(m), row0)
-        rows = e.b.select(e.b.icmp_signed("<", rows, _const(mr)), rows, _const(mr))
         columns = e.b.sub(_const(n), column0)
         columns = e.b.select(e.b.icmp_signed("<", columns, _const(nr)), columns,
                              _const(nr))
-        e.b.call(kernel, [e.address(a, e.b.mul(row0, _const(stride))),
-                          e.address(packed, e.b.mul(p, _const(stride * nr))),
-                          kc,
-                          e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
-                          _const(n), rows, columns, ir.Constant(ir.IntType(1), first)])
+        e.b.call(kernel(rows), [e.address(a, e.b.mul(row0, _const(stride))),
+                                e.address(packed, e.b.add(start, e.b.mul(p, _const(stride * nr)))),
+                                kc,
+                                e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
+                                _const(n), _const(rows), columns,
+                                ir.Constant(ir.IntType(1), first)])
 
-    e.loop(-(-n // nr), lambda p: e.loop(-(-m // mr), lambda r: block(p, r), unroll=False),
-           unroll=False)
+    def panel(p):
+        e.loop(whole, lambda r: block(p, e.b.mul(r, _const(mr)), mr), unroll=False)
+        if left:
+            block(p, _const(whole * mr), left)
+    e.loop(-(-n // nr), panel, unroll=False)
+
+
+VIEW_OPS = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape")
+
+
+def rescaled_accumulators(e, loop: Op) -> dict[int, int]:
+    """Dots of `loop`'s body whose accumulator operand is an elementwise expression of one
+    carried tile, as attention's `acc = tl.dot(p, v, acc * alpha[:, None])`, whose result
+    only goes back into that carried value through the yield, and where nothing but that
+    expression reads the carried tile: {dot result id: carried position}. Such a dot
+    computes its accumulator into the carried slot and accumulates there (tiles.dot):
+    no copy of the accumulator into a tile of its own, and none back at the yield."""
+    body = loop.regions[0]
+    terminator = body.ops[-1]
+    if terminator.name != "scf.yield":
+        return {}
+    defined = {result.id: op for op in body.ops for result in op.results}
+    arguments = body.args[1:]
+    found = {}
+    for op in body.ops:
+        if op.name != "tt.dot" or not micro_kernel_dot(op) or e.uses.get(op.result.id) != 1:
+            continue
+        positions = [number for number, value in enumerate(terminator.operands)
+                     if value.id == op.result.id]
+        if len(positions) != 1:
+            continue
+        carried = arguments[positions[0]]
+        if carried.type != op.result.type:
+            continue
+        reads = _reads_in_expression(op.operands[2], carried, defined, e.uses)
+        if reads and reads == e.uses.get(carried.id):
+            found[op.result.id] = positions[0]
+    return found
+
+
+def _reads_in_expression(value, carried, defined, uses) -> int:
+    """How often the elementwise/view expression tree behind `value` (each of its values
+    read once: by its parent, `value` by the dot) reads `carried`; 0 when it does not or
+    is not such a tree."""
+    if value.id == carried.id:
+        return 1
+    source = defined.get(value.id)
+    if source is None or uses.get(value.id) != 1:
+        return 0
+    if not (source.name.startswith(("arith.", "math.")) or source.name in VIEW_OPS) or \
+            source.regions:
+        return 0
+    total = 0
+    for operand in source.operands:
+        if operand.id == carried.id:
+            total += 1
+        elif operand.id in defined:
+            total += _reads_in_expression(operand, carried, defined, uses)
+    return total

@@ -50,7 +50,7 @@ def tile_to_llvm(text: TileText, metadata, options) -> str:
     module.triple = host.host_target().triple
     emitter = ProgramEmitter(program, module, debug=bool(options.debug))
     function = emitter.emit()
-    emit_launcher(module, function, program.name)
+    emit_launcher(module, function, program.name, tuple(emitter.launch_resets))
     metadata["shared"] = 0
     metadata["tilegen_frame_bytes"] = max(64, emitter.frame_bytes)
     metadata["tilegen_check_sites"] = emitter.check_sites

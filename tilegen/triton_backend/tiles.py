@@ -203,8 +203,8 @@ def dot(e, op) -> None:
     """d = c + a @ b. Float products accumulated in f32 or f64 run on tilegen's packed-gemm
     micro-kernel (gemm.micro_kernel_function): a is already row-major with a static row
     stride, b is packed into nr-wide panels (converted to the accumulator type on the way,
-    f16/bf16 included), and each mr x nr block of d is one call. Other products use the
-    register-blocked loop below."""
+    f16/bf16 included; a b of exactly four vectors' width is its own panel), and each
+    mr x nr block of d is one call. Other products use the register-blocked loop below."""
     deferred = e.deferred_dots.get(op.result.id)
     if deferred is not None:  # a K loop's accumulation (kloop.py)
         kloop.add(e, deferred, op)
@@ -245,16 +245,26 @@ def _dot_micro_kernel(e, op) -> None:
     nr = 2 * lanes if n > lanes else lanes
     # tile rows are powers of two: a register block that divides them wastes no FMAs
     mr = min(m, 8 if nr == 2 * lanes else 16)
+    if n == 4 * lanes:
+        # b's rows are whole 4-vector panels already (attention's 64-wide K^T and V
+        # blocks): no packing, and 6 x 4 accumulators (3/4 of the registers, as tilegen's
+        # gemm) read b's rows once per 6 rows, not per 8 x 2 vectors twice
+        nr = n
+        mr = min(m, host_target().vector_registers * 3 // 4 // 4)
     a = _converted(e, e.env[a_value.id], elem)
     b = _converted(e, e.env[b_value.id], elem)
     c = e.env[c_value.id]
     zero_start = getattr(c, "kind", None) == "const" and c.payload == 0
     in_place = c_value.id in e.carried_args and e.uses.get(c_value.id) == 1 and \
         isinstance(c, type(a)) and c_value.type.elem == elem
+    into_slot = e.accumulator_slots.get(op.result.id)
     if zero_start:
         out = e.alloc(op.result.type)
     elif in_place:
         out = c
+    elif into_slot is not None and _same_index_only(c, into_slot[0].offset, into_slot[1]):
+        out = into_slot[0]  # `acc * alpha`, computed into acc's own slot chunk by chunk
+        _copy(e, c, out)
     else:
         out = _copy_of(e, c, op.result.type)
     panels = -(-n // nr)
@@ -272,8 +282,9 @@ def _dot_micro_kernel(e, op) -> None:
                 e.store_chunk(packed, e.b.add(target, _const(part)), chunk)
         e.loop(panels, lambda p: e.loop(k_extent, lambda kk: pack(p, kk), unroll=False),
                unroll=False)
-    kernel = micro_kernel_function(e.module, dtype, mr, nr, k_extent, lanes)
-    kloop.micro_kernel_blocks(e, kernel, (a, packed, out), (m, n, mr, nr), k_extent,
+    kloop.micro_kernel_blocks(e, lambda rows: micro_kernel_function(e.module, dtype, rows, nr,
+                                                                    k_extent, lanes),
+                              (a, packed, out), (m, n, mr, nr), k_extent,
                               _const(k_extent), 1 if zero_start else 0)
     e.env[op.result.id] = out
 
@@ -431,13 +442,17 @@ def scf_for(e, op) -> None:
     accumulators.start([e.env[v.id] for v in op.operands[3:]])
     index_ty = lower.type
     deferred = []
-    for dot_op in kloop.deferrable_dots(e, op):
-        position = [arg.id for arg in body.args[1:]].index(dot_op.operands[2].id)
-        plan = kloop.start(e, op, dot_op, carried.slots[position])
-        e.deferred_dots[dot_op.result.id] = plan
-        deferred.append(plan)
+    tile_offsets = frozenset(slot.offset for slot in carried.slots if hasattr(slot, "offset"))
+    for result_id, position in kloop.rescaled_accumulators(e, op).items():
+        e.accumulator_slots[result_id] = (carried.slots[position], tile_offsets)
     # advancing pointer tiles: the slot keeps the initial tile, an alloca the offset
     advancing = kloop.advancing_pointers(e, op)
+    for dot_op in kloop.deferrable_dots(e, op):
+        position = [arg.id for arg in body.args[1:]].index(dot_op.operands[2].id)
+        plan = kloop.start(e, op, dot_op, carried.slots[position],
+                           (carried.slots, (lower, upper, step), advancing))
+        e.deferred_dots[dot_op.result.id] = plan
+        deferred.append(plan)
     offsets = {}
     for position in advancing:
         offsets[position] = e.entry_alloca(I64)
