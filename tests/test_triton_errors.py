@@ -77,3 +77,38 @@ def test_disable_knob_is_read_through_tilegen_config(monkeypatch):
         monkeypatch.setenv("TILEGEN_TRITON_DISABLE", raw)
         assert config.triton_disabled() is disabled
         assert TilegenDriver.is_active() is not disabled
+
+
+def test_the_cache_key_covers_the_compiler_and_the_cpu(monkeypatch):
+    """Triton's disk cache must miss when any source the lowering runs changes (the gemm
+    micro-kernel lives outside the backend's folder) or when the CPU's features differ
+    under the same LLVM CPU name (the artifact is machine code for the host)."""
+    import dataclasses
+    from pathlib import Path
+
+    from tilegen import cache, target
+    from tilegen.triton_backend import compiler
+
+    def fresh_hash() -> str:
+        compiler.backend_hash.cache_clear()
+        cache.compiler_fingerprint.cache_clear()
+        return compiler.backend_hash()
+
+    base = fresh_hash()
+    real_read = Path.read_bytes
+
+    def gemm_edited(path):
+        data = real_read(path)
+        return data + b"\n# edited\n" if path.name == "gemm.py" else data
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "read_bytes", gemm_edited)
+        assert fresh_hash() != base
+    host = target.host_target()
+    other = dataclasses.replace(host, features=host.features + ",-avx512bf16")
+    with monkeypatch.context() as patch:
+        patch.setattr(target, "host_target", lambda: other)
+        assert fresh_hash() != base
+    assert fresh_hash() == base
+    compiler.backend_hash.cache_clear()
+    cache.compiler_fingerprint.cache_clear()

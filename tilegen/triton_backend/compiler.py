@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 from triton._C.libtriton import ir, passes
@@ -130,11 +129,12 @@ class TilegenBackend(BaseBackend):
 
 @functools.cache
 def backend_hash() -> str:
-    """Our lowering's own sources and the toolchain: a change to either misses the cache."""
-    from ..target import compiler_identity
-    digest = hashlib.sha256(compiler_identity().encode())
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.read_bytes())
-    for name in ("vecmath.py", "target.py"):
-        digest.update((Path(__file__).parent.parent / name).read_bytes())
-    return digest.hexdigest()
+    """Every source of the compiler (the lowering calls into tilegen's gemm micro-kernel,
+    vecmath, the target...), the toolchain and the host CPU's features: a change to any of
+    them misses Triton's cache. The artifact is machine code for this CPU, and the GPUTarget
+    names only its LLVM name, which two CPUs with different features can share."""
+    from ..cache import compiler_fingerprint
+    from ..target import host_target
+    target = host_target()
+    return hashlib.sha256(f"{compiler_fingerprint()};{target.cpu};{target.features}"
+                          .encode()).hexdigest()
