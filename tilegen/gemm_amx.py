@@ -49,7 +49,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import loopir as L
-from .gemm import I64, PACKED_EMITTERS, PTR, declare_intrinsic, element_pointer, splat
+from .gemm import PACKED_EMITTERS
 from .gemm_bf16 import (
     AMX_DEPTH,
     AMX_TILE_ROWS,
@@ -61,6 +61,7 @@ from .gemm_bf16 import (
     is_amx_block,
     operand_pointer,
 )
+from .micro_kernel import I64, PTR, declare_intrinsic, element_pointer, splat
 from .target import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -268,7 +269,7 @@ class AmxEmitter(Bf16DotEmitter):
 def amx_micro_kernel(module: ir.Module, mr: int, nr: int) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first,
     i64 blocks, i64 row_bytes, i64 step_bytes, i64 main_steps, ptr tail)`:
-    gemm.micro_kernel_function's signature (steps counting 32 depths) with `blocks`
+    micro_kernel.micro_kernel_function's signature (steps counting 32 depths) with `blocks`
     register blocks of mr rows one after the other: for q < blocks,
     C[q mr + r, j] (+)= sum over d < 32 steps of A[q mr + r, d] * B[d, j] for q mr + r < rows
     and j < cols (at most nr), B read from its pair-interleaved panel and A's 32 depths of

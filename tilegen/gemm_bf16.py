@@ -33,16 +33,8 @@ from llvmlite import ir
 from . import loopir as L
 from .codegen_values import Val
 from .config import Config
-from .gemm import (
-    I64,
-    _GemmEmitter,
-    column_block,
-    declare_intrinsic,
-    default_tiles,
-    element_pointer,
-    micro_kernel_shell,
-    splat,
-)
+from .gemm import _GemmEmitter, column_block, default_tiles
+from .micro_kernel import I64, declare_intrinsic, element_pointer, micro_kernel_shell, splat
 from .schedule import flat_coefficient
 from .target import Target, amx_tile_permission
 
@@ -332,7 +324,7 @@ class Bf16DotEmitter(_GemmEmitter):
 
 
 def dot_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.Function:
-    """The micro-kernel (signature of gemm.micro_kernel_function, kc counting depth pairs):
+    """The micro-kernel (signature of micro_kernel.micro_kernel_function, kc counting depth pairs):
     C[r, j] (+)= sum over pairs p of Ap[r, 2p] Bp[p, j, 0] + Ap[r, 2p + 1] Bp[p, j, 1]."""
     name = f"tilegen.gemm.bf16dot.{mr}x{nr}.s{a_stride}"
     existing = module.globals.get(name)

@@ -36,6 +36,7 @@ from llvmlite import ir
 
 from . import gemm as G
 from . import loopir as L
+from . import micro_kernel as MK
 from .codegen_values import Val
 from .schedule import flat_coefficient
 from .target import Target
@@ -118,7 +119,7 @@ def emit_small_m(cg, gemm: L.Gemm) -> None:
     if gemm.threads > 1 and units >= 2:
         cg.parallel(units, gemm.threads, body)
     else:
-        body(cg, ir.Constant(G.I64, 0), ir.Constant(G.I64, units))
+        body(cg, ir.Constant(MK.I64, 0), ir.Constant(MK.I64, units))
 
 
 class _SmallMEmitter(G._GemmEmitter):
@@ -157,7 +158,7 @@ class _SmallMEmitter(G._GemmEmitter):
                 def strip(index, carried):
                     column = b.mul(index, self.const(t.nr))
                     columns = G._smin(b, self.const(t.nr), b.sub(self.const(g.n), column))
-                    b_row = G.element_pointer(b, self.b_pointer(column),
+                    b_row = MK.element_pointer(b, self.b_pointer(column),
                                               b.mul(pc, self.const(row_stride)), self.element)
                     for row in range(0, g.m, t.mr):
                         rows = min(t.mr, g.m - row)
@@ -199,12 +200,12 @@ class _SmallMEmitter(G._GemmEmitter):
             if stride:
                 offset = b.add(offset, b.mul(cg.expr(component).value, self.const(stride)))
         cg.pop_scope()
-        return G.element_pointer(b, cg.pointers[load.buffer], offset, self.element)
+        return MK.element_pointer(b, cg.pointers[load.buffer], offset, self.element)
 
 
 def small_m_kernel_function(module: ir.Module, dtype: str, mr: int, parts: int, lanes: int,
                             a_stride: int, b_stride: int, prefetch: int) -> ir.Function:
-    """gemm.micro_kernel_function's signature and store, with B read in place: C[r, j] (+)=
+    """micro_kernel.micro_kernel_function's signature and store, with B read in place: C[r, j] (+)=
     sum over k < kc of Ap[r * a_stride + k] * B[k * b_stride + j] for r < rows, j < cols; B's
     row loads are masked to `cols` (no reads past the matrix' edge), and each step prefetches
     the row `prefetch` steps on (a prefetch never faults)."""
@@ -212,35 +213,35 @@ def small_m_kernel_function(module: ir.Module, dtype: str, mr: int, parts: int, 
     existing = module.globals.get(name)
     if existing is not None:
         return existing
-    element, vector, suffix, fma = G.vector_fma(module, dtype, lanes)
+    element, vector, suffix, fma = MK.vector_fma(module, dtype, lanes)
     i32 = ir.IntType(32)
-    masked_load = G.declare_intrinsic(module, f"llvm.masked.load.{suffix}.p0", vector,
-                                      [G.PTR, i32, ir.VectorType(G.I1, lanes), vector])
-    prefetch_intrinsic = G.declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
-                                             [G.PTR, i32, i32, i32])
+    masked_load = MK.declare_intrinsic(module, f"llvm.masked.load.{suffix}.p0", vector,
+                                      [MK.PTR, i32, ir.VectorType(MK.I1, lanes), vector])
+    prefetch_intrinsic = MK.declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
+                                             [MK.PTR, i32, i32, i32])
     align = ir.Constant(i32, L.ELEMENT_BYTES[dtype])
     zero = ir.Constant(vector, None)
 
     def step(b, a, bp, k, accumulators, masks):
-        row = G.element_pointer(b, bp, b.mul(k, ir.Constant(G.I64, b_stride)), element)
-        ahead = G.element_pointer(b, row, ir.Constant(G.I64, prefetch * b_stride), element)
+        row = MK.element_pointer(b, bp, b.mul(k, ir.Constant(MK.I64, b_stride)), element)
+        ahead = MK.element_pointer(b, row, ir.Constant(MK.I64, prefetch * b_stride), element)
         columns = []
         for part in range(parts):
-            offset = ir.Constant(G.I64, part * lanes)
+            offset = ir.Constant(MK.I64, part * lanes)
             if prefetch:
                 # read, keep in every cache level, data
-                b.call(prefetch_intrinsic, [G.element_pointer(b, ahead, offset, element),
+                b.call(prefetch_intrinsic, [MK.element_pointer(b, ahead, offset, element),
                                             ir.Constant(i32, 0), ir.Constant(i32, 3),
                                             ir.Constant(i32, 1)])
-            columns.append(b.call(masked_load, [G.element_pointer(b, row, offset, element),
+            columns.append(b.call(masked_load, [MK.element_pointer(b, row, offset, element),
                                                 align, masks[part], zero]))
         updated = []
         for r in range(mr):
-            scalar = b.load(G.element_pointer(b, a, b.add(k, ir.Constant(G.I64, r * a_stride)),
+            scalar = b.load(MK.element_pointer(b, a, b.add(k, ir.Constant(MK.I64, r * a_stride)),
                                               element), typ=element)
-            broadcast = G.splat(b, scalar, lanes)
+            broadcast = MK.splat(b, scalar, lanes)
             for part in range(parts):
                 updated.append(b.call(fma, [broadcast, columns[part],
                                             accumulators[r * parts + part]]))
         return updated
-    return G.micro_kernel_shell(module, name, dtype, mr, parts, lanes, step, masked_b=True)
+    return MK.micro_kernel_shell(module, name, dtype, mr, parts, lanes, step, masked_b=True)

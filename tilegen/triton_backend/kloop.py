@@ -275,7 +275,7 @@ def finish(e, plan: DeferredDot) -> None:
 
 def _flush(e, plan: DeferredDot, kc: ir.Value) -> None:
     from .. import loopir as L
-    from ..gemm import micro_kernel_function
+    from ..micro_kernel import micro_kernel_function
 
     op = plan.op
     m, depth = op.operands[0].type.shape

@@ -201,7 +201,7 @@ def scan(e, op) -> None:
 
 def dot(e, op) -> None:
     """d = c + a @ b. Float products accumulated in f32 or f64 run on tilegen's packed-gemm
-    micro-kernel (gemm.micro_kernel_function): a is already row-major with a static row
+    micro-kernel (micro_kernel.micro_kernel_function): a is already row-major with a static row
     stride, b is packed into nr-wide panels (converted to the accumulator type on the way,
     f16/bf16 included; a b of exactly four vectors' width is its own panel), and each
     mr x nr block of d is one call. Other products use the register-blocked loop below."""
@@ -233,7 +233,7 @@ def _converted(e, value, elem: str):
 
 def _dot_micro_kernel(e, op) -> None:
     from .. import loopir as L
-    from ..gemm import micro_kernel_function
+    from ..micro_kernel import micro_kernel_function
     from ..target import host_target
 
     a_value, b_value, c_value = op.operands[:3]

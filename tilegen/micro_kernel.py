@@ -1,0 +1,166 @@
+"""The register-blocked micro-kernels every packed product runs, and the LLVM helpers they
+are built from.
+
+`micro_kernel_shell` is the function, its k loop with the accumulators carried as phis, and
+the masked store of the block into C; each kernel supplies one step of that loop:
+`micro_kernel_function` (tilegen's packed fp32/fp64 gemm and the Triton backend's dots:
+packed B rows as vectors, A elements broadcast), gemm_small's B read in place, gemm_bf16's
+`vdpbf16ps` pairs.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from . import loopir as L
+from .codegen_values import SCALAR_LLVM
+
+I1 = ir.IntType(1)
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+
+
+def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
+                          a_stride: int, lanes: int) -> ir.Function:
+    """`void mk(ptr a, ptr b, i64 kc, ptr c, i64 ldc, i64 rows, i64 cols, i1 first)`:
+    C[r, j] (+)= sum over k < kc of Ap[r * a_stride + k] * Bp[k * nr + j], for r < rows
+    (at most mr) and j < cols (at most nr); `first` overwrites instead of accumulating.
+    B rows are `nr // lanes` vectors of `lanes` elements (the target's vector).
+    One definition per register block in a module, shared by every gemm (small IR, fast
+    compiles); its k loop keeps the mr x nr/lanes accumulators in registers."""
+    name = f"tilegen.gemm.{dtype}.{mr}x{nr}.s{a_stride}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    element, vector, _, fma = vector_fma(module, dtype, lanes)
+    parts = nr // lanes
+
+    def step(b, a, bp, k, accumulators):
+        b_row = element_pointer(b, bp, b.mul(k, ir.Constant(I64, nr)), element)
+        columns = [b.load(element_pointer(b, b_row, ir.Constant(I64, part * lanes), element),
+                          typ=vector, align=L.ELEMENT_BYTES[dtype]) for part in range(parts)]
+        updated = []
+        for r in range(mr):
+            scalar = b.load(element_pointer(b, a, b.add(k, ir.Constant(I64, r * a_stride)),
+                                            element), typ=element)
+            broadcast = splat(b, scalar, lanes)
+            for part in range(parts):
+                updated.append(b.call(fma, [broadcast, columns[part],
+                                            accumulators[r * parts + part]]))
+        return updated
+    return micro_kernel_shell(module, name, dtype, mr, parts, lanes, step)
+
+
+def cache_line_aligned(b: ir.IRBuilder, pointer):
+    """`pointer` moved up to the next multiple of 64 bytes (0 to 63 bytes on)."""
+    address = b.ptrtoint(pointer, I64)
+    skip = b.and_(b.sub(ir.Constant(I64, 0), address), ir.Constant(I64, 63))
+    return element_pointer(b, pointer, skip, ir.IntType(8))
+
+
+def vector_fma(module: ir.Module, dtype: str, lanes: int):
+    """(element type, vector type, intrinsic suffix, llvm.fma) for `lanes` x `dtype`."""
+    element = SCALAR_LLVM[dtype]
+    vector = ir.VectorType(element, lanes)
+    suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
+    return element, vector, suffix, declare_intrinsic(module, f"llvm.fma.{suffix}", vector,
+                                                      [vector] * 3)
+
+
+def element_pointer(b: ir.IRBuilder, base, offset, element: ir.Type):
+    pointer = b.gep(base, [offset], source_etype=element)
+    pointer.type = PTR
+    return pointer
+
+
+def declare_intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
+    found = module.globals.get(name)
+    return found if found is not None else ir.Function(module, ir.FunctionType(ret, args), name)
+
+
+def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
+    i32 = ir.IntType(32)
+    ty = ir.VectorType(value.type, lanes)
+    inserted = b.insert_element(ir.Constant(ty, None), value, ir.Constant(i32, 0))
+    return b.shuffle_vector(inserted, ir.Constant(ty, None),
+                            ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+
+
+def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts: int,
+                       lanes: int, step, masked_b: bool = False) -> ir.Function:
+    """The micro-kernel around `step(builder, a, b, k, accumulators) -> updated`, one step
+    of its k loop over the mr x parts accumulator vectors of `dtype`: the function
+    (signature as in micro_kernel_function, kc counting steps), the loop with the
+    accumulators carried as phis, and the masked store of the block into C. With
+    `masked_b`, step also gets the column masks (one per vector of `cols`), computed once
+    before the loop, for loads of a B that is not zero-padded (gemm_small.py)."""
+    element = SCALAR_LLVM[dtype]
+    vector = ir.VectorType(element, lanes)
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1])
+    function = ir.Function(module, fnty, name)
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    function.attributes.add("noinline")
+    a, bp, kc, c, ldc, rows, cols, first = function.args
+    for arg in (a, bp, c):
+        arg.add_attribute("noalias")
+    b = ir.IRBuilder(function.append_basic_block("entry"))
+
+    def const(value):
+        return ir.Constant(I64, value)
+
+    suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
+    mask_type = ir.VectorType(I1, lanes)
+    masked_load = declare_intrinsic(module, f"llvm.masked.load.{suffix}.p0", vector,
+                                    [PTR, i32, mask_type, vector])
+    masked_store = declare_intrinsic(module, f"llvm.masked.store.{suffix}.p0", ir.VoidType(),
+                                     [vector, PTR, i32, mask_type])
+
+    steps = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    masks = [b.icmp_signed("<", b.add(splat(b, const(part * lanes), lanes), steps),
+                           splat(b, cols, lanes)) for part in range(parts)]
+
+    # The k loop, accumulators carried as phis.
+    entry = b.block
+    loop = function.append_basic_block("k")
+    done = function.append_basic_block("store")
+    b.cbranch(b.icmp_signed(">", kc, const(0)), loop, done)
+    b.position_at_end(loop)
+    k = b.phi(I64, name="k")
+    k.add_incoming(const(0), entry)
+    zero = ir.Constant(vector, None)
+    accumulators = []
+    for _ in range(mr * parts):
+        phi = b.phi(vector)
+        phi.add_incoming(zero, entry)
+        accumulators.append(phi)
+    updated = step(b, a, bp, k, accumulators, masks) if masked_b else \
+        step(b, a, bp, k, accumulators)
+    following = b.add(k, const(1), flags=("nsw",))
+    latch = b.block
+    k.add_incoming(following, latch)
+    for phi, value in zip(accumulators, updated, strict=True):
+        phi.add_incoming(value, latch)
+    b.cbranch(b.icmp_signed("<", following, kc), loop, done)
+
+    # Store: rows below `rows`, lanes below `cols`; accumulate unless `first`.
+    b.position_at_end(done)
+    finals = []
+    for value in updated:
+        merged = b.phi(vector)
+        merged.add_incoming(zero, entry)
+        merged.add_incoming(value, latch)
+        finals.append(merged)
+    align = ir.Constant(i32, L.ELEMENT_BYTES[dtype])
+    for r in range(mr):
+        with b.if_then(b.icmp_signed("<", const(r), rows)):
+            row = element_pointer(b, c, b.mul(const(r), ldc), element)
+            for part in range(parts):
+                pointer = element_pointer(b, row, const(part * lanes), element)
+                value = finals[r * parts + part]
+                previous = b.call(masked_load, [pointer, align, masks[part], zero])
+                total = b.select(first, value, b.fadd(previous, value))
+                b.call(masked_store, [total, pointer, align, masks[part]])
+    b.ret_void()
+    return function
