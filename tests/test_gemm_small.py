@@ -202,3 +202,29 @@ def test_bf16_storage_b_widened_on_load_is_packed(monkeypatch):
     b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
     wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
     assert np.all(np.abs(module.f(a, b) - wide_a @ wide_b) <= _bound(wide_a, wide_b, k))
+
+
+@pytest.mark.parametrize("registers", [16, 32])
+def test_register_blocks_fit_and_load_least(registers):
+    """Every row count gets blocks whose accumulators fit in 3/4 of the registers and that
+    load no more per multiply-add than any other fitting block (counted here directly:
+    each k step loads mr broadcasts and `parts` vectors per row block); one sentence's 16
+    rows on AVX-512 take two blocks of 8, not one block of 16 with one vector of columns."""
+    from types import SimpleNamespace
+    target = SimpleNamespace(vector_registers=registers)
+    budget = registers * 3 // 4
+    for m in range(1, gemm_small.SMALL_M + 1):
+        mr, parts = gemm_small.row_blocks(m, target)
+        assert 1 <= mr <= m and 1 <= parts <= gemm_small.MAX_PARTS
+        assert mr * parts <= budget
+
+        def loads(mr, parts, m=m):
+            blocks = -(-m // mr)
+            return blocks * mr + blocks * parts, parts  # broadcasts + B vectors, columns
+        chosen, columns = loads(mr, parts)
+        for other_mr in range(1, m + 1):
+            for other_parts in range(1, gemm_small.MAX_PARTS + 1):
+                if other_mr * other_parts <= budget:
+                    other, other_columns = loads(other_mr, other_parts)
+                    assert chosen * other_columns <= other * columns + 1e-9, (m, mr, parts)
+    assert gemm_small.row_blocks(16, SimpleNamespace(vector_registers=32)) == (8, 3)

@@ -5,7 +5,7 @@ B streamed once from where it lies.
       pack A[entry] -> Ap  once per entry                           [m][K], rows copied
       for pc in 0..K by kc:                                         depth blocks (kc = 16)
         for each strip of this thread:
-          for each block of mr rows:                                (one block up to 24 rows)
+          for each block of mr rows:                                (row_blocks: 8 of 16)
             C[rows, strip] (+)= Ap[rows, pc..] B[pc.., strip]       prefetching B[pc + kc..]
 
 The packed gemm (gemm.py) copies a kc x nc block of B into a panel and reads it back once per
@@ -70,13 +70,18 @@ def in_place_row_stride(b_elem: L.Expr, j: L.Var, k: L.Var, buffers: dict[str, L
 
 
 def row_blocks(m: int, target: Target) -> tuple[int, int]:
-    """(mr, vectors per row): the fewest row blocks whose accumulators take at most 3/4 of the
-    vector registers (the rest hold B's row and the broadcasts of A), as many vectors of
-    columns as that leaves room for (at most MAX_PARTS)."""
+    """(mr, vectors per row) with the fewest loads per multiply-add. A step of the k loop
+    loads mr broadcasts of A and `parts` vectors of B for mr x parts FMAs, and a strip runs
+    ceil(m / mr) row blocks, so a strip's step costs ceil(m / mr) * (mr + parts) loads for
+    its `parts` vectors of columns. The accumulators take at most 3/4 of the vector
+    registers (the rest hold B's row and the broadcasts), `parts` at most MAX_PARTS. One
+    sentence (m = 16, 32 registers): 8 x 3, 7.3 loads a column vector, where one block of
+    16 x 1 took 17 and ran the call about 15 % slower (ad hoc, docs/models.md)."""
     budget = target.vector_registers * 3 // 4
-    blocks = -(-m // budget)
-    mr = -(-m // blocks)
-    parts = max(1, min(MAX_PARTS, budget // mr))
+    choices = ((-(-m // mr) * (mr + parts) / parts, -parts, -mr, mr, parts)
+               for parts in range(1, MAX_PARTS + 1)
+               for mr in range(1, min(m, budget // parts) + 1))
+    *_, mr, parts = min(choices)
     return mr, parts
 
 
