@@ -42,7 +42,7 @@ from .attention_codegen import (
     smin,
 )
 from .attention_ir import AttentionBackward
-from .codegen_values import Lane, Val
+from .codegen_values import Lane, Val, bind_flat_index
 
 
 def emit_fused_attention(cg, stmt) -> None:
@@ -119,10 +119,7 @@ class _BackwardEmitter(AttentionEmitter):
         half = b.sdiv(position, i64(2))
         odd = b.icmp_signed("!=", b.srem(position, i64(2)), i64(0))
         block = b.select(odd, b.sub(i64(blocks - 1), half), half)
-        remainder = entry
-        for var, extent in reversed(list(zip(a.batch, a.batch_extents, strict=True))):
-            cg.env[-1][var.name] = Val(b.srem(remainder, i64(extent)), False)
-            remainder = b.sdiv(remainder, i64(extent))
+        bind_flat_index(b, cg.env[-1], a.batch, a.batch_extents, entry)
         self.entry = entry
         return block
 

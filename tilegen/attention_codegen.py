@@ -26,7 +26,7 @@ from llvmlite import ir
 from kina_frontend.diagnostics import KinaError
 
 from . import loopir as L
-from .codegen_values import Val
+from .codegen_values import Val, bind_flat_index
 
 I1 = ir.IntType(1)
 I32 = ir.IntType(32)
@@ -176,10 +176,7 @@ class AttentionEmitter:
         first_block = b.mul(group, i64(self.group))
         count = smin(b, i64(self.group), b.sub(i64(self.blocks), first_block))
         cg.push_scope()
-        remainder = entry
-        for var, extent in reversed(list(zip(a.batch, a.batch_extents, strict=True))):
-            cg.env[-1][var.name] = _val(b.srem(remainder, i64(extent)))
-            remainder = b.sdiv(remainder, i64(extent))
+        bind_flat_index(b, cg.env[-1], a.batch, a.batch_extents, entry)
         self.entry = entry
         zero = ir.Constant(self.vector, None)
         slots = self.group * self.rows * self.dv_tiles

@@ -39,6 +39,17 @@ class Val:
     vector: bool
 
 
+def bind_flat_index(b: ir.IRBuilder, scope: dict, variables, extents, flat) -> None:
+    """Bind each of `variables` in `scope` to its coordinate in `flat`, a row-major index
+    over `extents` (the last variable varies fastest): the batch indices of a parallel unit
+    that counts (batch entry, block) pairs."""
+    remainder = flat
+    for var, extent in reversed(list(zip(variables, extents, strict=True))):
+        extent_value = ir.Constant(I64, extent)
+        scope[var.name] = Val(b.srem(remainder, extent_value), False)
+        remainder = b.sdiv(remainder, extent_value)
+
+
 @dataclass
 class Lane:
     """The vector tile being generated: lane variable, width, scalar base index, mask."""

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen_values import SCALAR_LLVM, Lane, Val
+from .codegen_values import SCALAR_LLVM, Lane, Val, bind_flat_index
 from .micro_kernel import (
     I64,
     PTR,
@@ -153,12 +153,7 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
             start = _smax(b, b.sub(lo, base), ir.Constant(I64, 0))
             stop = _smin(b, b.sub(hi, base), units)
             child.push_scope()
-            remainder = flat
-            for var, extent in reversed(list(zip(gemm.batch, gemm.batch_extents,
-                                                 strict=True))):
-                extent_value = ir.Constant(I64, extent)
-                child.env[-1][var.name] = _val(b.srem(remainder, extent_value))
-                remainder = b.sdiv(remainder, extent_value)
+            bind_flat_index(b, child.env[-1], gemm.batch, gemm.batch_extents, flat)
             _emitter(child, gemm).rows(b.mul(start, ir.Constant(I64, mr)),
                                            _row_end(child, stop, mr, gemm.m))
             child.pop_scope()

@@ -37,7 +37,7 @@ from llvmlite import ir
 from . import gemm as G
 from . import loopir as L
 from . import micro_kernel as MK
-from .codegen_values import Val
+from .codegen_values import Val, bind_flat_index
 from .schedule import flat_coefficient
 from .target import Target
 
@@ -148,10 +148,7 @@ class _SmallMEmitter(G._GemmEmitter):
             start = G._smax(b, b.sub(lo, base), self.const(0))
             stop = G._smin(b, b.sub(hi, base), units)
             self.cg.push_scope()
-            remainder = flat
-            for var, extent in reversed(list(zip(g.batch, g.batch_extents, strict=True))):
-                self.cg.env[-1][var.name] = Val(b.srem(remainder, self.const(extent)), False)
-                remainder = b.sdiv(remainder, self.const(extent))
+            bind_flat_index(b, self.cg.env[-1], g.batch, g.batch_extents, flat)
             self.pack_a(block, self.const(0), self.const(g.m), self.const(0),
                         self.const(g.k_extent))
             row_stride = self.b_row_stride()

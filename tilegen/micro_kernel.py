@@ -13,11 +13,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen_values import SCALAR_LLVM
-
-I1 = ir.IntType(1)
-I64 = ir.IntType(64)
-PTR = ir.PointerType()
+from .codegen_values import I1, I64, PTR, SCALAR_LLVM
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
