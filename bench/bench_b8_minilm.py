@@ -6,6 +6,10 @@ tokenizer.json and pools and normalises like sentence-transformers; each timed c
 whole `encode`, tokenization included:
 - `tilegen`: `kina_models.minilm.SentenceEncoder.encode` (examples/minilm_l6.kina compiled
   per padded (B, T) bucket; the buckets are compiled before the clock starts).
+- `tilegen-bf16x3`: the same with `weights="bf16x3"`: each Linear layer's F32 product as
+  three bf16 partial products with f32 accumulation (kina_frontend/precision.py; torch
+  calls this float32 matmul precision "high"), held to the same guard as every provider.
+  32 × 128 tokens only: a short sentence streams 1.5x the F32 weight bytes.
 - `sentence-transformers`: `SentenceTransformer.encode`, torch eager, 2 intra-op threads.
 - `torch.compile`: the same BertModel + mean pooling + normalisation under `torch.compile`
   (first call timed as `compile_s`), 2 threads; batches padded to their longest text, as
@@ -38,6 +42,7 @@ from bench.common import (
     ONNXRUNTIME,
     SENTENCE_TRANSFORMERS,
     TILEGEN,
+    TILEGEN_BF16X3,
     TORCH_COMPILE,
     Case,
     describe,
@@ -94,6 +99,12 @@ def references(st_model, workloads) -> dict[str, np.ndarray]:
 def encoder(model_dir):
     from kina_models.minilm import SentenceEncoder
     return SentenceEncoder(model_dir)
+
+
+@pytest.fixture(scope="module")
+def encoder_bf16x3(model_dir):
+    from kina_models.minilm import SentenceEncoder
+    return SentenceEncoder(model_dir, weights="bf16x3")
 
 
 def _guard(group: str, expected: np.ndarray) -> Callable[[np.ndarray], None]:
@@ -213,6 +224,7 @@ def _onnxruntime(group, texts, reference, encoder, st_model) -> Case:
 
 BUILDERS = {
     TILEGEN: _tilegen,
+    TILEGEN_BF16X3: _tilegen,
     SENTENCE_TRANSFORMERS: _sentence_transformers,
     TORCH_COMPILE: _torch_compile,
     ONNXRUNTIME: _onnxruntime,
@@ -227,9 +239,13 @@ FULL_RUN_ONLY = {
 @pytest.mark.parametrize("provider", list(BUILDERS))
 @pytest.mark.parametrize("group", [ONE, MIXED, LONG])
 def test_b8_encode(benchmark, group, provider, workloads, references, encoder, st_model,
-                   full_run_only):
+                   full_run_only, request):
     if provider in FULL_RUN_ONLY:
         full_run_only(FULL_RUN_ONLY[provider])
+    if provider == TILEGEN_BF16X3:
+        if group != LONG:
+            pytest.skip("bf16x3 is for compute-bound batches (see the module docstring)")
+        encoder = request.getfixturevalue("encoder_bf16x3")
     texts = workloads[group]
     case = BUILDERS[provider](group, texts, references[group], encoder, st_model)
     measure(benchmark, group, provider, case, units=len(texts), unit="sentence")

@@ -428,6 +428,10 @@ class BufferWriter:
 
     type: object
     emit: object
+    # Whether the statements read back what they stored (softmax's exps): a BF16 result of
+    # such a writer is computed on an f32 buffer and rounded once at the end. A writer that
+    # only stores finished values writes a BF16 buffer directly.
+    reads_back: bool = True
 
 
 # ---- constructors with light constant folding on index arithmetic ---------------------------

@@ -314,7 +314,8 @@ def _rounded_to_bf16(view: View, bf16_buffers: set[str]) -> View:
 
 
 def _write(ctx: LowerContext, produced: View | L.BufferWriter, buffer: L.Buffer) -> None:
-    if isinstance(produced, L.BufferWriter) and produced.type.dtype is DType.BF16:
+    if isinstance(produced, L.BufferWriter) and produced.type.dtype is DType.BF16 \
+            and produced.reads_back:
         # A row kernel reads back what it stored (softmax's exps): it runs on an f32 row
         # buffer, and only the finished result is rounded to bf16, as the reference does.
         wide = ctx.add_buffer(buffer.name + "_f32", produced.type.with_dtype(DType.F32), "temp")

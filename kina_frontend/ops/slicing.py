@@ -46,19 +46,31 @@ def _concat_reference(args, attrs):
 
 def _concat_lower(ctx, op, operands):
     axis = op.attr("axis")
+    shapes = {part.type.concrete_shape for part in operands}
+
+    def at_offset(index, offset):
+        return tuple(index[:axis]) + (L.add(index[axis], L.const(offset)),) + \
+            tuple(index[axis + 1:])
 
     def emit(ctx, out):
+        if len(shapes) == 1:
+            # Parts of one shape are stored by one nest: parts computed from the same
+            # operand (a value and its rounding, say) read it once per element, not once
+            # per part.
+            (shape,) = shapes
+            return ctx.loops(shape, lambda index: [
+                L.Store(out, at_offset(index, position * shape[axis]), part.at(index))
+                for position, part in enumerate(operands)], "c")
         statements = []
         offset = 0
         for part in operands:
             def store(index, part=part, offset=offset):
-                target = tuple(index[:axis]) + (L.add(index[axis], L.const(offset)),) + \
-                    tuple(index[axis + 1:])
-                return [L.Store(out, target, part.at(index))]
+                return [L.Store(out, at_offset(index, offset), part.at(index))]
             statements += ctx.loops(part.type.concrete_shape, store, "c")
             offset += part.type.concrete_shape[axis]
         return statements
-    return L.BufferWriter(op.result.type, emit)
+    # Each element is stored once, finished: a BF16 concat needs no f32 staging buffer.
+    return L.BufferWriter(op.result.type, emit, reads_back=False)
 
 
 def _concat_vjp(b, op, cotangents):

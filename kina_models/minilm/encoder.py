@@ -27,7 +27,7 @@ from .tokens import Batch, load_tokenizer, make_batches
 PROGRAM = "minilm_l6.kina"   # a bundled example (kina_frontend.resolve_path)
 ENTRY = "minilm_encode"
 DEFAULT_LENGTH_STEP = 16
-WEIGHT_TYPES = ("f32", "bf16")
+WEIGHT_TYPES = ("f32", "bf16", "bf16x3")
 
 
 class SentenceEncoder:
@@ -41,7 +41,14 @@ class SentenceEncoder:
 
     `weights="bf16"` runs every Linear layer on BF16 weights (rounded once, here) with its
     input rounded to BF16 and f32 accumulation (`kina_frontend.precision.bf16_weights`
-    applied to the program); embeddings, attention, norms and biases stay F32."""
+    applied to the program); embeddings, attention, norms and biases stay F32.
+
+    `weights="bf16x3"` keeps F32 accuracy on the BF16 hardware: each Linear weight is stored
+    as the BF16 stack [w_hi; w_lo; w_hi] and its input split the same way, three bf16
+    partial products per multiply-add with f32 accumulation
+    (`kina_frontend.precision.bf16x3_weights`; within a few 1e-6 of the F32 embeddings).
+    It pays where the products are compute-bound (batches of many tokens on AMX); a short
+    sentence streams 1.5x the F32 weight bytes."""
 
     def __init__(self, model_dir: str | os.PathLike | None = None, *, jit: bool = True,
                  length_step: int = DEFAULT_LENGTH_STEP, weights: str = "f32"):
@@ -65,8 +72,8 @@ class SentenceEncoder:
                                  f"{PROGRAM} returns L2-normalised embeddings")
         self.tokenizer = load_tokenizer(folder / "tokenizer.json", self.config.max_seq_length)
         self.weights: tuple[np.ndarray, ...] = load_weights(folder, self.config)
-        if weights == "bf16":
-            self.weights = self._bf16_matmul_weights()
+        if weights != "f32":
+            self.weights = self._narrow_matmul_weights()
         # One huge-page arena: a short sentence streams every weight from memory per call
         # (kina_models/arena.py, docs/models.md "Where the time goes").
         self.weights = huge_page_arena(self.weights)
@@ -104,23 +111,32 @@ class SentenceEncoder:
         if self.weight_type == "f32":
             return tilegen.compile_file(PROGRAM, jit=self.jit, consts=consts,
                                         functions=(ENTRY,))
-        return tilegen.compile_program(self._bf16_program(consts)[0], jit=self.jit)
+        return tilegen.compile_program(self._narrow_program(consts)[0], jit=self.jit)
 
-    def _bf16_program(self, consts: dict[str, int]):
+    def _narrow_program(self, consts: dict[str, int]):
         from kina_frontend import check_source, load_source, specialize
-        from kina_frontend.precision import bf16_weights
+        from kina_frontend.precision import bf16_weights, bf16x3_weights
 
-        return bf16_weights(specialize(check_source(load_source(PROGRAM), consts)), ENTRY)
+        transform = bf16_weights if self.weight_type == "bf16" else bf16x3_weights
+        return transform(specialize(check_source(load_source(PROGRAM), consts)), ENTRY)
 
-    def _bf16_matmul_weights(self) -> tuple[np.ndarray, ...]:
-        """The weights with those the program multiplies by (the Linear weights) in BF16;
-        which they are does not depend on the batch shape, so any shape tells."""
+    def _narrow_matmul_weights(self) -> tuple[np.ndarray, ...]:
+        """The weights with those the program multiplies by (the Linear weights) in BF16,
+        or as BF16 hi/lo stacks; which they are does not depend on the batch shape, so any
+        shape tells."""
         import ml_dtypes
 
-        program, names = self._bf16_program(self.consts(1, self.length_step))
+        from kina_frontend.precision import split_bf16x3
+
+        program, names = self._narrow_program(self.consts(1, self.length_step))
         params = program.functions[0].params[3:]  # after ids, type_ids and mask
         narrow = set(names)
-        return tuple(w.astype(ml_dtypes.bfloat16) if p.name in narrow else w
+        if self.weight_type == "bf16":
+            def convert(w):
+                return w.astype(ml_dtypes.bfloat16)
+        else:
+            convert = split_bf16x3
+        return tuple(convert(w) if p.name in narrow else w
                      for p, w in zip(params, self.weights, strict=True))
 
     def batches(self, sentences: list[str], batch_size: int) -> list[Batch]:
