@@ -361,6 +361,19 @@ def test_cli_prints_the_similarity_matrix(encoder, compile_cache):
     assert matrix[0, 1] > matrix[0, 2] + 0.2     # the paraphrase is the closer one
 
 
+def test_cli_takes_the_weight_type(encoder, capsys):
+    from kina_models.minilm.__main__ import main
+
+    texts = ["A cat sits on the mat.", "Stock markets fell sharply today."]
+    assert main(["--weights", "bf16x3", *texts]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    shown = np.array([[float(v) for v in row[1:3]] for row in rows])
+    embeddings = encoder.encode(texts)
+    np.testing.assert_allclose(shown, embeddings @ embeddings.T, atol=2e-4)  # 4 decimals
+    with pytest.raises(SystemExit):
+        main(["--weights", "f16", "x"])
+
+
 def test_cli_names_a_bad_folder(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "kina_models.minilm", "--model-dir", str(tmp_path), "x"],

