@@ -74,6 +74,25 @@ def test_bf16_arithmetic_rounds_once_per_op(jit, size):
     assert got.dtype == BF16 and got.view(np.uint16).tolist() == want
 
 
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("shape", [(1,), (5,), (17,), (33,), (3, 49), (2, 3, 21), (7, 13)])
+def test_bf16_tail_stores_stay_inside_the_result(jit, shape):
+    """A row whose vector tail has one lane (length 1 mod 4) once had its tail stored as 4
+    bytes by LLVM 22 (a masked truncating store with one constant lane): the element after
+    each row, past the end for the last one, was overwritten. The result here is a view
+    into a larger canvas whose next elements must keep their canary."""
+    dims = ", ".join(map(str, shape))
+    source = (f"fn f(a: Tensor[F32, [{dims}], @host]) -> Tensor[BF16, [{dims}], @host] "
+              "{ return cast(a * 2.0, BF16); }")
+    a = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    count = int(np.prod(shape))
+    canvas = np.full(count + 16, 7.0, np.float32).astype(BF16)
+    result = canvas[:count].reshape(shape)
+    _compile(source, jit).f(a, out=result)
+    assert np.array_equal(result.astype(np.float32), (a * 2).astype(BF16).astype(np.float32))
+    assert np.all(canvas[count:].astype(np.float32) == 7.0)
+
+
 def test_bf16_matmul_accumulates_in_f32():
     source = ("fn f(a: Tensor[BF16, [3, 19], @host], b: Tensor[BF16, [19, 5], @host]) -> "
               "Tensor[F32, [3, 5], @host] { return matmul(a, b); }")

@@ -133,6 +133,18 @@ class MemoryCodegen:
             if mask is None:
                 self.b.store(vector, pointer, align=L.ELEMENT_BYTES[buffer.dtype])
                 return
+            lone = _lone_active_lane(mask)
+            if lone is not None:
+                # LLVM 22's x86 backend turns a masked store of a truncated vector (bf16's
+                # i32 -> i16) with one constant lane into a scalar store of the untruncated
+                # lane: 4 bytes for a 2-byte element, the next element (or the byte after
+                # the buffer) overwritten (llvm/llvm-project#179489, fixed after 22). The
+                # one lane is stored as a scalar here, as that combine means to.
+                self.b.store(self.b.extract_element(vector, ir.Constant(I32, lone)),
+                             self.b.gep(pointer, [ir.Constant(I64, lone)], inbounds=True,
+                                        source_etype=element),
+                             align=L.ELEMENT_BYTES[buffer.dtype])
+                return
             intrinsic = self._intrinsic("llvm.masked.store", None,
                                         [vtype, PTR, I32, mask.type], overload=(vtype,))
             self.b.call(intrinsic, [vector, pointer, ir.Constant(I32, L.ELEMENT_BYTES[
@@ -146,3 +158,11 @@ class MemoryCodegen:
                                     overload=(vtype,))
         self.b.call(intrinsic, [vector, pointers, ir.Constant(I32, L.ELEMENT_BYTES[buffer.dtype]),
                                 mask])
+
+
+def _lone_active_lane(mask: ir.Value) -> int | None:
+    """The lane of a constant mask with exactly one lane set, else None."""
+    if not isinstance(mask, ir.Constant) or not isinstance(mask.constant, (list, tuple)):
+        return None
+    lanes = [int(getattr(lane, "constant", lane)) for lane in mask.constant]
+    return lanes.index(1) if sum(lanes) == 1 else None
