@@ -102,17 +102,23 @@ def test_exp_f32_without_avx512_within_2_ulp(monkeypatch):
 
 def _fit_exp_f32(degree=5, grid=20001):
     """The fit documented at vecmath._EXP_F32: p(r) = 1 + c1 r + ... + c_degree r^degree,
-    minimax for the error in f32 ulps of e^r on |r| <= vecmath._EXP_REDUCED_BOUND. As
-    p(r) - e^r = r (q(r) - (e^r - 1) / r) with q = c1 + c2 r + ..., this is a weighted fit
-    of q (a Haar basis, so the Remez exchange applies) with weight |r| / ulp(e^r). Each
-    coefficient is rounded to f32 in turn and the remaining ones refitted."""
-    half_width = vecmath._EXP_REDUCED_BOUND
+    minimax for the error in f32 ulps of e^r on |r| <= vecmath._EXP_REDUCED_BOUND."""
+    return remez_f32(degree, vecmath._EXP_REDUCED_BOUND, lambda r: np.expm1(r) / r, grid)
+
+
+def remez_f32(degree, half_width, quotient, grid=20001):
+    """p(r) = 1 + c1 r + ... + c_degree r^degree for g(r) = 1 + r quotient(r) (g = e^r, 2^r)
+    on |r| <= half_width, minimax for the error in f32 ulps of g (g in [1/2, 1) below 0, in
+    [1, 2) above). As p(r) - g(r) = r (q(r) - quotient(r)) with q = c1 + c2 r + ..., this is
+    a weighted fit of q (a Haar basis, so the Remez exchange applies) with weight
+    |r| / ulp(g(r)). Each coefficient is rounded to f32 in turn and the remaining ones
+    refitted."""
     r = half_width * np.sin(np.linspace(-np.pi / 2, np.pi / 2, grid))
     r = r[r != 0]
     weight = np.abs(r) * np.where(r < 0, 2.0**24, 2.0**23)
     coefficients: list[float] = []
     while len(coefficients) < degree:
-        target = np.expm1(r) / r - sum(c * r**k for k, c in enumerate(coefficients))
+        target = quotient(r) - sum(c * r**k for k, c in enumerate(coefficients))
         basis = r[:, None] ** np.arange(len(coefficients), degree)
         free = basis.shape[1]
         nodes = half_width * np.sin(np.linspace(-np.pi / 2, np.pi / 2, free + 1))

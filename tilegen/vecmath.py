@@ -21,6 +21,13 @@ log(x):  x = 2^k m with m in [sqrt(2)/2, sqrt(2)) (subnormals pre-scaled), f = m
          s = f / (2 + f), log(1 + f) = f - (f^2/2 - s (f^2/2 + R)) with R the atanh
          series 2 s^2/3 + 2 s^4/5 + ... (|s| <= 0.172: 5 terms for f32, 11 for f64),
          and k ln 2 added as a high part (exact product) and a low part.
+exp2(x): n = rint(x), f = x - n (exact, |f| <= 1/2), 2^f by a polynomial with constant term 1
+         (f32: a degree-6 minimax fit, 0.09 ulp before rounding, see _EXP2_F32; f64: the
+         Taylor series of e^(f ln 2) to degree 13), 2^n applied as in exp: on AVX-512 by
+         vscalefps, with no clamp at all (its special cases give inf, +0 and NaN for
+         x = +inf, -inf and NaN, where f is NaN), otherwise x is clamped and 2^n is two
+         exact powers of two. No second range reduction (exp of
+         f ln 2 would round f ln 2 and reduce again): about half exp's instructions.
 Special values (NaN, +-inf, 0, negative log arguments) are fixed up with selects, except
 in the AVX-512 exp, where vscalefps's own special cases give them.
 erf(x), f32: evaluated in f64 (one widening per lane): erf(a)/a for a = min(|x|, 4) is a
@@ -56,7 +63,7 @@ from .target import Target
 
 _LIBM_INTRINSICS = {"tanh": "llvm.tanh"}
 # The functions MathLibrary emits.
-MATH_OPS = ("exp", "log", "erf", "tanh", "asin", "acos")
+MATH_OPS = ("exp", "exp2", "log", "erf", "tanh", "asin", "acos")
 
 # e^r ~ 1 + c1 r + ... + c5 r^5 on |r| <= ln2 (1/2 + 2^-16) (the margin covers the rounding
 # of x / ln 2 before rint, 150 ulp of 2^-24 at most): minimax for the error in f32 ulps of
@@ -67,6 +74,14 @@ MATH_OPS = ("exp", "log", "erf", "tanh", "asin", "acos")
 _EXP_REDUCED_BOUND = math.log(2) * (0.5 + 2.0**-16)
 _EXP_F32 = tuple(float.fromhex(c) for c in (
     "0x1.ffffeep-1", "0x1.fffdb8p-2", "0x1.555d8cp-3", "0x1.573f34p-5", "0x1.0e89e6p-7"))
+
+# 2^f ~ 1 + c1 f + ... + c6 f^6 on |f| <= 1/2 (f = x - rint(x) is exact, so no margin): the
+# same Remez fit as _EXP_F32 (error in f32 ulps of the result, each coefficient rounded to
+# f32 in turn, c1 first), max 0.09 ulp before the evaluation's roundings (degree 5 would be
+# 2.35: c1 = ln 2 rounded to f32 costs that much). tests/test_vecmath_exp2.py re-runs it.
+_EXP2_F32 = tuple(float.fromhex(c) for c in (
+    "0x1.62e430p-1", "0x1.ebfbb2p-3", "0x1.c6af6ep-5", "0x1.3b4e26p-7", "0x1.5f0ffap-10",
+    "0x1.2b5050p-13"))
 
 # erf(a)/a ~ sum c_k u^k, u = a^2/8 - 1 on a in [0, 4]; tests/test_vecmath.py re-runs the fit
 # (numpy's chebfit at 4000 Chebyshev nodes, cheb2poly) and sweeps the f32 range.
@@ -103,12 +118,17 @@ class _Format:
         # c0 = 1, c1, c2, ... of the polynomial for e^r on |r| <= ln2/2.
         self.exp_coefficients = (tuple(1 / math.factorial(k) for k in range(14)) if is_double
                                  else (1.0, *_EXP_F32))
+        self.exp2_coefficients = _exp2_taylor_f64() if is_double else (1.0, *_EXP2_F32)
         self.log_terms = 11 if is_double else 5
         # Clamp bounds just past where exp over/underflows: exp(overflow) rounds to inf and
         # exp(underflow) is below half the smallest subnormal, so it rounds to 0.
         self.overflow = 709.79 if is_double else 88.73
         self.underflow = -745.2 if is_double else -104.0
         self.subnormal_scale_bits = 54 if is_double else 25
+        # exp2 below exp2_underflow rounds to +0 (2^-150 is half the smallest f32 subnormal,
+        # a tie that rounds to even, 0); the clamps lie one past both ends.
+        self.exp2_underflow = -1075.0 if is_double else -150.0
+        self.exp2_clamp = 1076.0 if is_double else 151.0
 
 
 class MathLibrary:
@@ -143,8 +163,9 @@ class MathLibrary:
         function.attributes.add("nounwind")
         builder = ir.IRBuilder(function.append_basic_block("entry"))
         emit = _Emitter(self.module, builder, ty, self.target)
-        if op == "exp" and isinstance(ty, ir.VectorType):
-            emit.skip_if_all_underflow(function)
+        if op in ("exp", "exp2") and isinstance(ty, ir.VectorType):
+            emit.skip_if_all_underflow(function, emit.fmt.underflow if op == "exp"
+                                       else emit.fmt.exp2_underflow)
         builder.ret(getattr(emit, op)(function.args[0]))
         return function
 
@@ -221,13 +242,13 @@ class _Emitter:
 
     # ---- exp ----------------------------------------------------------------------------------
 
-    def skip_if_all_underflow(self, function: ir.Function) -> None:
-        """Return +0 for the whole vector when every lane is below the underflow bound,
-        where exp rounds to +0 anyway (bit-identical). Masked softmax rows are full of such
+    def skip_if_all_underflow(self, function: ir.Function, bound: float) -> None:
+        """Return +0 for the whole vector when every lane is below `bound`, where exp (or
+        exp2) rounds to +0 anyway (bit-identical). Masked softmax rows are full of such
         vectors (the causal half of the scores, -1e9 minus the row max): they then cost a
         compare and a branch instead of the polynomial. NaN lanes compare false."""
         b, x = self.b, function.args[0]
-        below = b.fcmp_ordered("<", x, self.f(self.fmt.underflow))
+        below = b.fcmp_ordered("<", x, self.f(bound))
         bits = b.bitcast(below, ir.IntType(self.width))
         every = b.icmp_unsigned("==", bits, ir.Constant(bits.type, (1 << self.width) - 1))
         underflow = function.append_basic_block("underflow")
@@ -286,6 +307,36 @@ class _Emitter:
         result = b.fmul(b.fmul(poly, self.pow2(half)), second)
         # Above the overflow bound the product itself rounds to inf; NaN stays NaN.
         return b.select(b.fcmp_unordered("uno", x, x), x, result)
+
+    def exp2(self, x):
+        fmt, b = self.fmt, self.b
+        scalef = self.avx512_intrinsic("scalef")
+        if scalef is None:
+            # Compare-and-select clamps keep a NaN; past the clamps the result is inf or 0.
+            x = b.select(b.fcmp_ordered("<", x, self.f(-fmt.exp2_clamp)),
+                         self.f(-fmt.exp2_clamp), x)
+            x = b.select(b.fcmp_ordered(">", x, self.f(fmt.exp2_clamp)),
+                         self.f(fmt.exp2_clamp), x)
+        n = self.intrinsic("llvm.rint", x)
+        f = b.fsub(x, n)  # exact; NaN only for x = +-inf (inf - inf) or NaN
+        *lower, top = fmt.exp2_coefficients
+        poly = self.f(top)
+        for coefficient in reversed(lower):
+            poly = self.fma(poly, f, self.f(coefficient))
+        if scalef is not None:
+            # No clamp and no fix-up: a huge finite x has f = 0 and n past the range, and
+            # vscalefps's special cases give the rest: (QNaN, +inf) is +inf, (QNaN, -inf) is
+            # +0, a NaN n is NaN.
+            return self.avx512_call(scalef, poly, n)
+        n_int = b.fptosi(b.select(b.fcmp_unordered("uno", n, n), self.f(0.0), n), self.int_ty)
+        half = b.ashr(n_int, self.i(1))
+        # Below the underflow bound the second factor is 0 outright (no subnormal
+        # intermediate, see exp).
+        underflowed = b.fcmp_ordered("<", x, self.f(fmt.exp2_underflow))
+        second = b.select(underflowed, self.f(0.0), self.pow2(b.sub(n_int, half)))
+        # A NaN x has a NaN poly: the product is NaN (n_int, whose fptosi would be poison,
+        # was taken as 0).
+        return b.fmul(b.fmul(poly, self.pow2(half)), second)
 
     # ---- erf ----------------------------------------------------------------------------------
 
@@ -419,6 +470,17 @@ def _ln2_low_part(high: float) -> float:
     with decimal.localcontext() as context:
         context.prec = 40
         return float(decimal.Decimal(2).ln() - decimal.Decimal(high))
+
+
+def _exp2_taylor_f64() -> tuple[float, ...]:
+    """(ln 2)^k / k! for k = 0..13, in 50-digit decimal arithmetic: 2^f = e^(f ln 2), whose
+    Taylor series to degree 13 is below half an ulp on |f ln 2| <= ln2/2, as exp's."""
+    import decimal
+
+    with decimal.localcontext() as context:
+        context.prec = 50
+        ln2 = decimal.Decimal(2).ln()
+        return tuple(float(ln2**k / math.factorial(k)) for k in range(14))
 
 
 def _float_bits(value: float, is_double: bool) -> int:

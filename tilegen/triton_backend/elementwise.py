@@ -77,7 +77,7 @@ _FLOAT_INTRINSIC_UNARY = {"math.sqrt": "llvm.sqrt", "math.absf": "llvm.fabs",
                           "math.round": "llvm.round", "math.roundeven": "llvm.roundeven",
                           "math.log10": "llvm.log10"}
 # Functions vecmath emits as straight-line vector code (f64 erf/asin/acos: libm per lane).
-_VECMATH_UNARY = {"math.exp": "exp", "math.log": "log", "math.erf": "erf",
+_VECMATH_UNARY = {"math.exp": "exp", "math.exp2": "exp2", "math.log": "log", "math.erf": "erf",
                   "math.asin": "asin", "math.acos": "acos"}
 # libdevice names (libdevice.py) with a rule of their own above: vector code, not a libm
 # call per lane.
@@ -107,7 +107,7 @@ _CASTS = ("arith.extsi", "arith.extui", "arith.trunci", "arith.sitofp", "arith.u
 ELEMENTWISE_OPS = frozenset(
     list(_INT_BINARY) + list(_FLOAT_BINARY) + list(_INT_MINMAX) + list(_FLOAT_MINMAX)
     + list(_FLOAT_INTRINSIC_UNARY) + list(_LIBM_UNARY) + list(_VECMATH_UNARY) + list(_CASTS)
-    + ["arith.cmpi", "arith.cmpf", "arith.select", "arith.negf", "math.exp2", "math.rsqrt",
+    + ["arith.cmpi", "arith.cmpf", "arith.select", "arith.negf", "math.rsqrt",
        "math.fma", "math.absi", "tt.mulhiui", "arith.mulhiui",
        "tt.extern_elementwise", "tt.precise_sqrt", "tt.precise_divf", "arith.ceildivsi",
        "arith.floordivsi", "math.copysign", "math.powf", "math.atan2", "tt.clampf"])
@@ -174,8 +174,6 @@ class Elementwise:
             return b.fneg(args[0])
         if name in _VECMATH_UNARY:
             return self._vecmath(b, _VECMATH_UNARY[name], args[0])
-        if name == "math.exp2":
-            return self._exp2(b, args[0], width)
         if name in _FLOAT_INTRINSIC_UNARY:
             return self.intrinsic(b, _FLOAT_INTRINSIC_UNARY[name], args)
         if name in ("math.rsqrt",):
@@ -230,33 +228,6 @@ class Elementwise:
             wide = of_width(ir.FloatType(), ty.count if isinstance(ty, ir.VectorType) else 0)
             return b.fptrunc(self.math.call(b, op, b.fpext(value, wide)), ty)
         return self.math.call(b, op, value)
-
-    def _exp2(self, b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
-        """2^x = 2^n e^(r ln 2) with n = rint(x) and r = x - n exact, |r| <= 1/2: vecmath's
-        exp on the reduced argument (attention's softmax runs on exp2), then 2^n applied as
-        two normal powers of two so a subnormal result is rounded once. x is first clamped
-        past the overflow and underflow bounds (NaN passes the clamp)."""
-        scalar = x.type.element if width else x.type
-        if isinstance(scalar, ir.HalfType):
-            wide = of_width(ir.FloatType(), width)
-            return b.fptrunc(self._exp2(b, b.fpext(x, wide), width), x.type)
-        is_double = isinstance(scalar, ir.DoubleType)
-        bound, bias, mantissa = (1100.0, 1023, 52) if is_double else (160.0, 127, 23)
-        int_ty = ir.IntType(64 if is_double else 32)
-        high, low = splat_constant(scalar, bound, width), splat_constant(scalar, -bound, width)
-        x = b.select(b.fcmp_ordered(">", x, high), high, x)
-        x = b.select(b.fcmp_ordered("<", x, low), low, x)
-        n = self.intrinsic(b, "llvm.rint", [x])
-        reduced = b.fmul(b.fsub(x, n), splat_constant(scalar, 0.6931471805599453, width))
-        power = self.math.call(b, "exp", reduced)
-        whole = b.fptosi(n, of_width(int_ty, width))
-        half = b.ashr(whole, splat_constant(int_ty, 1, width))
-
-        def two_to(k):
-            biased = b.add(k, splat_constant(int_ty, bias, width))
-            bits = b.shl(biased, splat_constant(int_ty, mantissa, width))
-            return b.bitcast(bits, x.type)
-        return b.fmul(b.fmul(power, two_to(half)), two_to(b.sub(whole, half)))
 
     def _compare(self, b: ir.IRBuilder, name: str, predicate: str, args) -> ir.Value:
         if name == "arith.cmpi":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from . import dot_operands
 from .elementwise import ELEMENTWISE_OPS, I1, I64
 from .tileir import Op, element_bytes, walk
 
@@ -62,6 +63,9 @@ class LoadFusion:
         each reads memory again, which costs what reading a frame copy does, without the
         copy."""
         readers = self.readers.get(op.result.id, [])
+        if len(readers) == 1 and len(op.operands) == 1 and \
+                dot_operands.reads_in_place(e, readers[0], op.result):
+            return True  # a dot's unpacked b, read by the micro-kernel in memory
         return 0 < len(readers) <= MAX_READERS and all(
             _evaluates_in_place(reader, op.result) for reader in readers)
 

@@ -312,7 +312,8 @@ def micro_kernel_blocks(e, kernel, tiles, sizes, stride: int, kc: ir.Value,
         columns = e.b.select(e.b.icmp_signed("<", columns, _const(nr)), columns,
                              _const(nr))
         e.b.call(kernel(rows), [e.address(a, e.b.mul(row0, _const(stride))),
-                                e.address(packed, e.b.add(start, e.b.mul(p, _const(stride * nr)))),
+                                _address(e, packed, e.b.add(start, e.b.mul(p, _const(stride * nr))),
+                                         a.storage),
                                 kc,
                                 e.address(out, e.b.add(e.b.mul(row0, _const(n)), column0)),
                                 _const(n), _const(rows), columns,
@@ -323,6 +324,14 @@ def micro_kernel_blocks(e, kernel, tiles, sizes, stride: int, kc: ir.Value,
         if left:
             block(p, _const(whole * mr), left)
     e.loop(-(-n // nr), panel, unroll=False)
+
+
+def _address(e, tile, index: ir.Value, element: ir.Type) -> ir.Value:
+    """The address of element `index` of a frame tile, or of memory at a pointer (a dot's
+    b read where it lies, dot_operands.py)."""
+    if isinstance(tile, ir.Value):
+        return e.b.gep(tile, [index], source_etype=element)
+    return e.address(tile, index)
 
 
 VIEW_OPS = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape")

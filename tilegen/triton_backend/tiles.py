@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import kloop, partials
-from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
+from . import dot_operands, kloop, partials
+from .elementwise import I32, I64, PTR, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType, element_bytes
 
 
@@ -252,7 +252,10 @@ def _dot_micro_kernel(e, op) -> None:
         nr = n
         mr = min(m, host_target().vector_registers * 3 // 4 // 4)
     a = _converted(e, e.env[a_value.id], elem)
-    b = _converted(e, e.env[b_value.id], elem)
+    b = e.env[b_value.id]
+    b_in_memory = n == nr and dot_operands.in_memory(b)
+    if not b_in_memory:
+        b = _converted(e, b, elem)
     c = e.env[c_value.id]
     zero_start = getattr(c, "kind", None) == "const" and c.payload == 0
     in_place = c_value.id in e.carried_args and e.uses.get(c_value.id) == 1 and \
@@ -282,10 +285,20 @@ def _dot_micro_kernel(e, op) -> None:
                 e.store_chunk(packed, e.b.add(target, _const(part)), chunk)
         e.loop(panels, lambda p: e.loop(k_extent, lambda kk: pack(p, kk), unroll=False),
                unroll=False)
-    kloop.micro_kernel_blocks(e, lambda rows: micro_kernel_function(e.module, dtype, rows, nr,
-                                                                    k_extent, lanes),
-                              (a, packed, out), (m, n, mr, nr), k_extent,
-                              _const(k_extent), 1 if zero_start else 0)
+
+    def blocks(packed_b):
+        kloop.micro_kernel_blocks(e, lambda rows: micro_kernel_function(
+            e.module, dtype, rows, nr, k_extent, lanes), (a, packed_b, out), (m, n, mr, nr),
+            k_extent, _const(k_extent), 1 if zero_start else 0)
+    if b_in_memory:
+        first, together = dot_operands.rows_in_place(e, b, k_extent, nr)
+        with e.b.if_else(together) as (in_place, copied):
+            with in_place:
+                blocks(e.b.inttoptr(first, PTR))
+            with copied:
+                blocks(e.materialize(b))
+    else:
+        blocks(packed)
     e.env[op.result.id] = out
 
 
