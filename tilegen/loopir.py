@@ -428,9 +428,8 @@ class BufferWriter:
 
     type: object
     emit: object
-    # Whether the statements read back what they stored (softmax's exps): a BF16 result of
-    # such a writer is computed on an f32 buffer and rounded once at the end. A writer that
-    # only stores finished values writes a BF16 buffer directly.
+    # Do the statements read back what they stored (softmax's exps)? Then a BF16 result is
+    # computed on an f32 buffer and rounded once at the end, else stored directly.
     reads_back: bool = True
 
 
