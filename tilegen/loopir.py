@@ -424,12 +424,10 @@ class Kernel:
 class BufferWriter:
     """What a lowering rule returns when its result must be written into a buffer by its own
     statements rather than read as a view (softmax's row pass, a packed gemm, concat's
-    parts, scatter_add): `emit(ctx, buffer_name)` gives them."""
-
+    parts, scatter_add): `emit(ctx, buffer_name)` gives them. A BF16 result of a writer
+    that `reads_back` what it stored (softmax's exps) is computed in f32, rounded once."""
     type: object
     emit: object
-    # Do the statements read back what they stored (softmax's exps)? Then a BF16 result is
-    # computed on an f32 buffer and rounded once at the end, else stored directly.
     reads_back: bool = True
 
 
