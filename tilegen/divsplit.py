@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from . import loopir as L
 from .affine import IndexSimplifier, to_affine
+from .fission import fresh_name, var_names
 from .schedule import loop_width
 from .target import Target
 
@@ -38,7 +39,7 @@ def split_divided_loops_pass(kernel: L.Kernel, target: Target) -> L.Kernel:
     """Every serial loop of `kernel` that the vectorizer cannot tile as it is and whose index
     is divided by a single constant divisor of its extent becomes the quotient and remainder
     loops, when that removes every division by its index."""
-    taken = {b.name for b in kernel.buffers} | L.var_names(kernel.body)
+    taken = {b.name for b in kernel.buffers} | var_names(kernel.body)
     splitter = _Splitter(taken, {b.name: b.strides for b in kernel.buffers}, target)
     return replace(kernel, body=tuple(splitter.stmt(stmt, {}) for stmt in kernel.body))
 
@@ -77,8 +78,8 @@ class _Splitter:
         if len(divisors) != 1:
             return None
         (divisor,) = divisors
-        quotient = L.Var(L.fresh_name(f"{var}_q", self.taken), L.I64)
-        remainder = L.Var(L.fresh_name(f"{var}_r", self.taken), L.I64)
+        quotient = L.Var(fresh_name(f"{var}_q", self.taken), L.I64)
+        remainder = L.Var(fresh_name(f"{var}_r", self.taken), L.I64)
         value = L.add(L.mul(quotient, L.const(divisor)), remainder)
         inside = {**extents, quotient.name: loop.extent // divisor, remainder.name: divisor}
         simplifier = _Simplifier(inside, frozenset((quotient.name, remainder.name)))

@@ -561,31 +561,6 @@ def free_vars(expr: Expr) -> frozenset[str]:
     return frozenset(names)
 
 
-def var_names(stmts) -> set[str]:
-    """Every loop, let and reduction variable named in `stmts` (what a new name must avoid:
-    loop and let variables are unique within a kernel)."""
-    names: set[str] = set()
-    for stmt in statements(stmts):
-        if isinstance(stmt, (For, Let)):
-            names.add(stmt.var.name)
-        if isinstance(stmt, (Let, Store)):
-            exprs = (stmt.value, *stmt.index) if isinstance(stmt, Store) else (stmt.value,)
-            for expr in exprs:
-                names |= free_vars(expr)
-                names |= {e.var.name for e in subexpressions(expr) if isinstance(e, Reduce)}
-    return names
-
-
-def fresh_name(base: str, taken: set[str]) -> str:
-    """`base`, or `base_2`, `base_3`, ... the first not in `taken`; added to `taken`."""
-    name, suffix = base, 1
-    while name in taken:
-        suffix += 1
-        name = f"{base}_{suffix}"
-    taken.add(name)
-    return name
-
-
 def is_expensive(expr: Expr) -> bool:
     """A transcendental unary (see UNARY_COST): worth keeping out of short dependent chains."""
     return isinstance(expr, Unary) and UNARY_COST.get(expr.op, 1) >= 12
