@@ -228,3 +228,22 @@ def test_register_blocks_fit_and_load_least(registers):
                     other, other_columns = loads(other_mr, other_parts)
                     assert chosen * other_columns <= other * columns + 1e-9, (m, mr, parts)
     assert gemm_small.row_blocks(16, SimpleNamespace(vector_registers=32)) == (8, 3)
+
+
+def test_b_rows_are_prefetched_into_l2_one_depth_block_on():
+    """Each k step of the kernel prefetches B's row one depth block (16 rows) on with
+    locality 2 (prefetcht1: into L2, not L1), one prefetch per vector of columns."""
+    from types import SimpleNamespace
+
+    from llvmlite import ir
+
+    assert gemm_small.small_m_tiles("f32", 16, 1536, 384, SimpleNamespace(
+        vector_registers=32, lanes=lambda dtype: 16)).kc == 16
+    module = ir.Module()
+    gemm_small.small_m_kernel_function(module, "f32", 8, 3, 16, 384, 1536, 16)
+    text = str(module)
+    calls = [line for line in text.splitlines() if "call void @\"llvm.prefetch" in line]
+    assert len(calls) == 3 and all("i32 0, i32 2, i32 1)" in line for line in calls), calls
+    offsets = [line for line in text.splitlines() if "getelementptr" in line and
+               "24576" in line]  # 16 rows * 1536 columns ahead
+    assert offsets, text

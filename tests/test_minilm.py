@@ -89,6 +89,21 @@ def test_tokens_are_those_of_sentence_transformers(st_model, corpus):
     assert [len(e.ids) for e in ours[:255]] == list(range(2, 257))  # every length
 
 
+def test_one_text_is_tokenized_as_in_a_batch(encoder, st_model, corpus):
+    """A single text takes `Tokenizer.encode` (no thread pool), which must give the ids,
+    token types and mask sentence-transformers gives it: the short, unicode, empty and
+    truncated texts one by one."""
+    for text in [corpus[0], corpus[40], *minilm_data.UNICODE_SENTENCES[:4], "", LONG_TEXT]:
+        (batch,) = encoder.batches([text], 32)
+        theirs = st_model.preprocess([text])
+        length = int(theirs["attention_mask"].sum())
+        assert batch.ids.shape == (1, min(-(-length // 16) * 16, 256)), text[:40]
+        for ours, key in ((batch.ids, "input_ids"), (batch.type_ids, "token_type_ids"),
+                          (batch.mask, "attention_mask")):
+            assert ours[0, :length].tolist() == theirs[key][0, :length].tolist(), key
+            assert not ours[0, length:].any()
+
+
 def test_buckets_and_batches():
     assert [bucket(n, 16, 256) for n in (1, 2, 16, 17, 255, 256)] == [16, 16, 16, 32, 256, 256]
     assert bucket(250, 16, 250) == 250

@@ -30,7 +30,7 @@ MIN_ROWS = 16
 
 
 def fission_pass(kernel: L.Kernel, target: Target) -> L.Kernel:
-    taken = {b.name for b in kernel.buffers} | _all_var_names(kernel.body)
+    taken = {b.name for b in kernel.buffers} | var_names(kernel.body)
     temps: list[L.Buffer] = []
     body: list[L.Stmt] = []
     for stmt in kernel.body:
@@ -123,7 +123,7 @@ def _split_nest(stmt: L.Stmt, kernel: L.Kernel, temps: list[L.Buffer],
                                              for t in L.statements(later)):
                 if s.var.dtype not in L.FLOAT_TYPES + (L.I64,):
                     return [stmt]
-                name = _fresh(s.var.name + "_rows", taken)
+                name = fresh_name(s.var.name + "_rows", taken)
                 row_temps.append(L.Buffer(name, s.var.dtype, row_shape, "temp"))
                 kept[s.var.name] = L.Load(name, row_index, s.var.dtype)
                 stores.append(L.Store(name, row_index, s.var))
@@ -218,24 +218,6 @@ def _stmt_vars(stmt: L.Stmt) -> frozenset[str]:
     return names
 
 
-def _all_var_names(stmts) -> set[str]:
-    names: set[str] = set()
-    for stmt in L.statements(stmts):
-        if isinstance(stmt, (L.For, L.Let)):
-            names.add(stmt.var.name)
-        if isinstance(stmt, (L.Let, L.Store)):
-            names |= {e.var.name for e in L.subexpressions(stmt.value) if isinstance(e, L.Reduce)}
-            names |= _stmt_vars(stmt)
-    return names
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, suffix = base, 1
-    while name in taken:
-        suffix += 1
-        name = f"{base}_{suffix}"
-    taken.add(name)
-    return name
 
 
 def _substitute_stmt(stmt: L.Stmt, kept: dict[str, L.Load]) -> L.Stmt:
@@ -249,3 +231,28 @@ def _substitute_stmt(stmt: L.Stmt, kept: dict[str, L.Load]) -> L.Stmt:
         return replace(stmt, index=tuple(L.substitute(e, kept) for e in stmt.index),
                        value=L.substitute(stmt.value, kept))
     return stmt
+
+
+def var_names(stmts) -> set[str]:
+    """Every loop, let and reduction variable named in `stmts` (what a new name must avoid:
+    loop and let variables are unique within a kernel)."""
+    names: set[str] = set()
+    for stmt in L.statements(stmts):
+        if isinstance(stmt, (L.For, L.Let)):
+            names.add(stmt.var.name)
+        if isinstance(stmt, (L.Let, L.Store)):
+            exprs = (stmt.value, *stmt.index) if isinstance(stmt, L.Store) else (stmt.value,)
+            for expr in exprs:
+                names |= L.free_vars(expr)
+                names |= {e.var.name for e in L.subexpressions(expr) if isinstance(e, L.Reduce)}
+    return names
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_2`, `base_3`, ... the first not in `taken`; added to `taken`."""
+    name, suffix = base, 1
+    while name in taken:
+        suffix += 1
+        name = f"{base}_{suffix}"
+    taken.add(name)
+    return name

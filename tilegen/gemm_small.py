@@ -17,11 +17,17 @@ all mr x nr accumulators in registers; each element of B is read once per call.
 Why short depth blocks: a thread sweeps its strips over kc = 16 rows of B at a time, so it
 reads those rows left to right (a 24 KB stretch of a 384-wide B, not one line per row of a
 1.5 KB stride), and each step prefetches the same strip's row in the next depth block,
-which the thread reaches one sweep of its strips later (about a microsecond). Ad hoc, one
-sentence of MiniLM on one thread (CPU time, docs/models.md): kc = 16 with that prefetch 5.2
-ms, the whole depth in one pass without prefetch 14.5, kc = 64 prefetching 32 rows on 6.0;
-the accumulators go through C once per depth block (16 masked loads and stores per 16 x 16
-FMA steps of 16 rows).
+which the thread reaches one sweep of its strips later (about a microsecond), into L2 only
+(`PREFETCH_LOCALITY`): a thread's next depth block of a 1536-wide B is 48 KB, all of L1,
+and prefetched into L1 it evicts the A rows, C block and B rows in use. Ad hoc, one
+sentence of MiniLM on one thread (CPU time, docs/models.md), prefetching into L1: kc = 16
+with that prefetch 5.2 ms, the whole depth in one pass without prefetch 14.5, kc = 64
+prefetching 32 rows on 6.0; the accumulators go through C once per depth block (16
+masked loads and stores per 16 x 16 FMA steps of 16 rows). Into L2 instead, the encoder
+compiled both ways in one process and the calls interleaved (`scripts/minilm_ab.py`, one
+thread's CPU time, four processes on a loaded machine): minimum 3.4-4.1 ms against
+4.0-4.3 with prefetcht0, lower in every process; kc = 32 into L2 was 3.7-3.8, within
+that noise of kc = 16, kc = 64 4.05.
 
 Chosen in lowering (`applies`) for float products whose B element is a plain load, contiguous
 along the columns and affine in the depth (a stored or broadcast matrix: every Linear layer's
@@ -45,6 +51,9 @@ from .target import Target
 SMALL_M = 32
 # Rows of B per depth block; the k loop prefetches the row this many rows on.
 DEPTH_BLOCK = 16
+# llvm.prefetch's locality for those rows: 2 is prefetcht1, into L2 (3, prefetcht0, would
+# also fill L1, which a thread's depth block ahead of a wide B fills on its own).
+PREFETCH_LOCALITY = 2
 # At most this many vectors of columns per row block.
 MAX_PARTS = 4
 
@@ -231,9 +240,10 @@ def small_m_kernel_function(module: ir.Module, dtype: str, mr: int, parts: int, 
         for part in range(parts):
             offset = ir.Constant(MK.I64, part * lanes)
             if prefetch:
-                # read, keep in every cache level, data
+                # read, into L2 (PREFETCH_LOCALITY), data
                 b.call(prefetch_intrinsic, [MK.element_pointer(b, ahead, offset, element),
-                                            ir.Constant(i32, 0), ir.Constant(i32, 3),
+                                            ir.Constant(i32, 0),
+                                            ir.Constant(i32, PREFETCH_LOCALITY),
                                             ir.Constant(i32, 1)])
             columns.append(b.call(masked_load, [MK.element_pointer(b, row, offset, element),
                                                 align, masks[part], zero]))

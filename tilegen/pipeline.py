@@ -29,6 +29,7 @@ from .attention_backward_codegen import emit_fused_attention
 from .cabi import build_packed_entry
 from .codegen import Emitters, KernelCodegen
 from .config import Config
+from .divsplit import split_divided_loops_pass
 from .fastcall import build_entry, build_keyword_entry
 from .fission import fission_pass
 from .gemm_small import emit_any_gemm
@@ -46,6 +47,8 @@ from .vecmath import MathLibrary
 SCHEDULE_PASSES = (
     ("fission", lambda kernel, options: fission_pass(kernel, options.target)),
     ("defer-row-scaling", lambda kernel, options: defer_row_scaling(kernel)),
+    ("split-divided-loops", lambda kernel, options: split_divided_loops_pass(kernel,
+                                                                       options.target)),
     ("thread-interchange",
      lambda kernel, options: thread_interchange_pass(kernel, options.num_threads,
                                                      options.target)),

@@ -100,7 +100,7 @@ def _independent_loop_outside(nest: L.For, strides, target: Target) -> L.For | N
         (candidate,) = inner
         if candidate.kind == "serial" and independent(nest, candidate.var.name):
             moved = replace(candidate, body=(_without(nest, candidate),))
-            width = _loop_width(moved, strides, target)
+            width = loop_width(moved, strides, target)
             if width and candidate.extent >= 2 * width:
                 return moved
             return None
@@ -139,7 +139,7 @@ def flat_coefficient(index: tuple[L.Expr, ...], strides: tuple[int, ...], var: s
 
 def _schedule_stmt(stmt: L.Stmt, strides, target: Target, in_vector: bool) -> L.Stmt:
     if isinstance(stmt, L.For):
-        width = 0 if in_vector else _loop_width(stmt, strides, target)
+        width = 0 if in_vector else loop_width(stmt, strides, target)
         body = tuple(_schedule_stmt(s, strides, target, in_vector or width > 0)
                      for s in stmt.body)
         if width:
@@ -154,7 +154,7 @@ def _schedule_stmt(stmt: L.Stmt, strides, target: Target, in_vector: bool) -> L.
     raise TypeError(stmt)
 
 
-def _loop_width(loop: L.For, strides, target: Target) -> int:
+def loop_width(loop: L.For, strides, target: Target) -> int:
     if any(isinstance(s, L.For) for s in loop.body) and not _outer_vectorizable(loop, strides):
         return 0
     stores = [s for s in L.statements(loop.body) if isinstance(s, L.Store)]
