@@ -28,7 +28,10 @@ and are packed.
 
 The micro-kernel keeps 2 x 2 accumulator tiles (C, 32 x 32 f32) in tile registers across
 its depth loop (x86_amx phis) and loads 2 tiles of A and 2 of B per 32 depths: all 8 tile
-registers. It is written with LLVM's shape-carrying intrinsics
+registers; a B panel of at most 16 columns (C's last where N % 32 <= 16, or the last of a
+thread's share: threads split columns in tiles of 16, `column_unit`) runs on the kernel of
+one column of tiles, and a ragged last block of at most 16 rows on one row of tiles. It
+is written with LLVM's shape-carrying intrinsics
 (`llvm.x86.tileloadd64.internal`, `tdpbf16ps.internal`, `tilestored64.internal`), whose
 row and byte-column operands are constants, so LLVM writes the tile configuration and
 the `ldtilecfg` itself (and `tilerelease` on return). The accumulators start from C
@@ -49,7 +52,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import loopir as L
-from .gemm import PACKED_EMITTERS
+from .gemm import PACKED_EMITTERS, splits_columns
 from .gemm_bf16 import (
     AMX_DEPTH,
     AMX_TILE_ROWS,
@@ -104,6 +107,13 @@ class AmxEmitter(Bf16DotEmitter):
         tail = AMX_DEPTH if self.a_row_stride is not None else 0
         self.a_stride = self.tile_depth + tail
         self.direct = None  # (pointer to A's block, rows read in place): pack_a sets it
+        # Threads split the columns in single tiles, so a share may end half-way into a
+        # panel; that panel, and C's last one where N % 32 <= 16, run on the kernel of one
+        # column of tiles, which does half the products of the panel's.
+        self.column_unit = TILE_COLUMNS
+        g, nr = gemm, gemm.tiles.nr
+        self.narrow_panels = 0 < g.n % nr <= TILE_COLUMNS or \
+            splits_columns(g.m, g.n, gemm.tiles, g.threads)
 
     def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
         self.request_tile_data()
@@ -214,71 +224,95 @@ class AmxEmitter(Bf16DotEmitter):
             self.cg.loop(self.const(0), mc, 1, [], row)
 
     def micro_kernel(self) -> ir.Function:
-        return amx_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr)
+        return self.kernel(self.tiles.mr, self.tiles.nr)
+
+    def kernel(self, rows: int, columns: int) -> ir.Function:
+        """The micro-kernel of rows x columns (whole tiles) on this gemm's B panels."""
+        return amx_micro_kernel(self.cg.module, rows, columns, self.tiles.nr)
 
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                     col_end) -> None:
         """gemm.py's micro_tiles with one kernel call per B micro-panel for all of the A
         block's register blocks (amx_micro_kernel's `blocks`); with A read in place, one
-        for the rows read there and one for a packed ragged last block."""
+        for the rows read there and one for a packed ragged last block. A panel of at most
+        16 columns runs on kernels of one column of tiles (`narrow_panels`)."""
         g, b, mr = self.g, self.b, self.tiles.mr
-        kernel = self.micro_kernel()
         steps = self.micro_steps(kc)
         slabs = (self.const(TILE_BYTES), self.const(self.tiles.mc * TILE_BYTES), steps)
 
-        def call(a, b_panel, row0, col0, blocks, layout, tail, kernel=kernel):
+        def call(kernel, a, b_panel, row0, col0, blocks, layout, tail):
             b.call(kernel, [a, b_panel, steps, self.c_pointer(row0, col0), self.const(g.n),
                             b.sub(row_hi, row0), b.sub(col_end, col0), first, blocks,
                             *layout, tail])
 
-        def ragged(a, b_panel, row0, col0):
+        def ragged(columns, a, b_panel, row0, col0):
             """The packed ragged last block: on one row of tiles when it has at most 16
             rows (333 = 10 x 32 + 13), half the products of a 32-row block."""
             if mr == AMX_TILE_ROWS:
-                call(a, b_panel, row0, col0, self.const(1), slabs, a)
+                call(self.kernel(mr, columns), a, b_panel, row0, col0, self.const(1), slabs, a)
                 return
-            half = amx_micro_kernel(self.cg.module, AMX_TILE_ROWS, self.tiles.nr)
             short = b.icmp_signed("<=", b.sub(row_hi, row0), self.const(AMX_TILE_ROWS))
-            with b.if_else(short) as (then, otherwise):
-                with then:
-                    call(a, b_panel, row0, col0, self.const(1), slabs, a, half)
-                with otherwise:
-                    call(a, b_panel, row0, col0, self.const(1), slabs, a)
+            self.choose(short, (AMX_TILE_ROWS, mr), lambda rows: call(
+                self.kernel(rows, columns), a, b_panel, row0, col0, self.const(1), slabs, a))
+
+        def columns_of(columns, col0, b_panel):
+            kernel = self.kernel(mr, columns)
+            if self.a_row_stride is None:
+                blocks = b.sdiv(_round_up(b, mc, mr), self.const(mr))
+                call(kernel, packed_a, b_panel, ic, col0, blocks, slabs, packed_a)
+                return
+            a, direct = self.direct
+            in_place = (self.const(2 * self.a_row_stride), self.const(TILE_BYTES),
+                        b.ashr(kc, self.const(5)))
+            call(kernel, a, b_panel, ic, col0, b.sdiv(direct, self.const(mr)), in_place,
+                 self.tail_slab(packed_a))
+            with b.if_then(b.icmp_signed("<", direct, mc)):
+                ragged(columns, packed_a, b_panel, b.add(ic, direct), col0)
 
         def panel(jr, carried):
             col0 = b.add(jc, jr)
             b_panel = self.gep(packed_b, self.b_panel_offset(jr, kc))
-            if self.a_row_stride is None:
-                blocks = b.sdiv(_round_up(b, mc, mr), self.const(mr))
-                call(packed_a, b_panel, ic, col0, blocks, slabs, packed_a)
+            if not self.narrow_panels:
+                columns_of(self.tiles.nr, col0, b_panel)
                 return carried
-            a, direct = self.direct
-            in_place = (self.const(2 * self.a_row_stride), self.const(TILE_BYTES),
-                        b.ashr(kc, self.const(5)))
-            call(a, b_panel, ic, col0, b.sdiv(direct, self.const(mr)), in_place,
-                 self.tail_slab(packed_a))
-            with b.if_then(b.icmp_signed("<", direct, mc)):
-                ragged(packed_a, b_panel, b.add(ic, direct), col0)
+            narrow = b.icmp_signed("<=", b.sub(col_end, col0), self.const(TILE_COLUMNS))
+            self.choose(narrow, (TILE_COLUMNS, self.tiles.nr),
+                        lambda columns: columns_of(columns, col0, b_panel))
             return carried
         self.cg.loop(self.const(0), nc, self.tiles.nr, [], panel)
+
+    def choose(self, condition, choices, emit) -> None:
+        """emit(choices[0]) where `condition` holds, emit(choices[1]) where not, each in a
+        scope of its own: a value one branch computes (the batch entry's offset in C) is no
+        value in the other."""
+        with self.b.if_else(condition) as (then, otherwise):
+            for choice, branch in zip(choices, (then, otherwise), strict=True):
+                with branch:
+                    self.cg.push_scope()
+                    emit(choice)
+                    self.cg.pop_scope()
 
     def micro_steps(self, kc):
         return self.b.ashr(self.panel_depth(kc), self.const(5))  # steps of AMX_DEPTH
 
 
-def amx_micro_kernel(module: ir.Module, mr: int, nr: int) -> ir.Function:
+def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
+                     panel_columns: int | None = None) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first,
     i64 blocks, i64 row_bytes, i64 step_bytes, i64 main_steps, ptr tail)`:
     micro_kernel.micro_kernel_function's signature (steps counting 32 depths) with `blocks`
     register blocks of mr rows one after the other: for q < blocks,
     C[q mr + r, j] (+)= sum over d < 32 steps of A[q mr + r, d] * B[d, j] for q mr + r < rows
-    and j < cols (at most nr), B read from its pair-interleaved panel and A's 32 depths of
+    and j < cols (at most nr), B read from the first nr columns of its pair-interleaved
+    panel of panel_columns (default nr; 32 for the 16-column kernel) and A's 32 depths of
     row r at step s from a + r row_bytes + s step_bytes for s < main_steps (slabs of packed
     rows: 64 and mc x 64 bytes; A in place: its row stride and 64), from the slab at `tail`
     (rows 64 bytes apart) for the steps after.
     One call per B micro-panel and A block: `ldtilecfg` and `tilerelease` cost about as
     much as a block's 32 x 32 x 1024 products, so they are paid once per call."""
-    name = f"tilegen.gemm.amx.{mr}x{nr}"
+    panel_columns = panel_columns or nr
+    name = f"tilegen.gemm.amx.{mr}x{nr}" + ("" if panel_columns == nr else
+                                            f".of{panel_columns}")
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -377,19 +411,19 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int) -> ir.Function:
         phi = b.phi(TILE)
         phi.add_incoming(value, entry)
         accumulators.append(phi)
-    b_row_bytes = const(2 * 2 * nr)  # one depth pair of nr columns
+    b_row_bytes = const(2 * 2 * panel_columns)  # one depth pair of the panel's columns
     in_main = b.icmp_signed("<", step, main_steps)
     a_step = b.select(in_main, element_pointer(b, a, b.mul(step, step_bytes), byte), tail)
     a_stride = b.select(in_main, row_bytes, tile_bytes_wide)
     a_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
         b, a_step, b.mul(a_stride, const(tr * AMX_TILE_ROWS)), byte), a_stride])
         for tr in range(row_tiles)]
-    b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * nr))  # 16 pairs per step
+    b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * panel_columns))  # 16 pairs a step
     b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
         b, bp, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
         for tc in range(column_tiles)]
-    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, row_bytes,
-              step_bytes)
+    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, panel_columns,
+              row_bytes, step_bytes)
     if PREFETCH_C:
         _prefetch_next_c(module, b, c, c_stride, step, mr, nr)
     updated = [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
@@ -440,9 +474,11 @@ def _prefetch_next_c(module, b, c, c_stride, step, mr: int, nr: int) -> None:
                           keep, data])
 
 
-def _prefetch(module, b, a, bp, step, mr: int, nr: int, row_bytes, step_bytes) -> None:
+def _prefetch(module, b, a, bp, step, mr: int, nr: int, panel_columns: int, row_bytes,
+              step_bytes) -> None:
     """Prefetch into L1 the A rows and B panel lines of depth step `step` (mr rows of 64
-    bytes, row_bytes apart, and 32 contiguous lines). The hardware prefetchers do not keep
+    bytes, row_bytes apart, and the first nr columns of 16 pairs of a panel of
+    panel_columns: 32 contiguous lines for a 32-column kernel). The hardware prefetchers do not keep
     tileloadd fed from L2 (on this project's Xeon the 1024^3 product ran about 1.7x faster
     with these, in noisy one-thread timings); past the end of a panel or of A's whole
     steps they touch lines nobody reads, which a prefetch never faults on."""
@@ -453,10 +489,13 @@ def _prefetch(module, b, a, bp, step, mr: int, nr: int, row_bytes, step_bytes) -
     for line in range(mr):  # one 64-byte row of the step per line
         b.call(prefetch, [element_pointer(b, a_step, b.mul(row_bytes, ir.Constant(I64, line)),
                                           I8), read, keep, data])
-    b_step = b.mul(step, ir.Constant(I64, AMX_DEPTH // 2 * 2 * 2 * nr))
-    for line in range(AMX_DEPTH // 2 * 2 * 2 * nr // 64):  # 16 pairs of nr columns
-        b.call(prefetch, [element_pointer(b, bp, b.add(b_step, ir.Constant(I64, 64 * line)),
-                                          I8), read, keep, data])
+    pair_bytes = 2 * 2 * panel_columns
+    b_step = b.mul(step, ir.Constant(I64, AMX_DEPTH // 2 * pair_bytes))
+    for pair in range(AMX_DEPTH // 2):
+        for line in range(2 * 2 * nr // 64):
+            offset = ir.Constant(I64, pair * pair_bytes + 64 * line)
+            b.call(prefetch, [element_pointer(b, bp, b.add(b_step, offset), I8), read, keep,
+                              data])
 
 
 def _column_masks(module, b, cols, nr):

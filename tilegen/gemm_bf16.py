@@ -233,16 +233,18 @@ class Bf16DotEmitter(_GemmEmitter):
 
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
         """Bp[(jr / nr) * depth * nr + p * 2 nr + 2 j + h] = B[pc + 2p + h, jc + jr + j]
-        (0 past N and past kc): two depths per column, as dpbf16ps pairs them. Pairs of
-        rows outside, panels inside, so B is read along its rows (about 5% of a one-thread
-        1024^3 AMX product against reading each panel's 64 bytes per row, in noisy
-        timings)."""
+        (0 past the block's last column jc + nc - 1 and past kc): two depths per column,
+        as dpbf16ps pairs them. Pairs of rows outside, panels inside, so B is read along its
+        rows (about 5% of a one-thread 1024^3 AMX product against reading each panel's 64
+        bytes per row, in noisy timings). The block ends at N or where this thread's share
+        of a column split does, which for AMX may be in the middle of a panel."""
         if self._read_across(self.g.b_elem, self.g.j, self.g.k):
             self.pack_b_pairs_transposed(packed, jc, nc, pc, kc)
             return
         g, nr, b = self.g, self.tiles.nr, self.b
         depth = self.panel_depth(kc)
         last = self.const(g.k_extent - 1)
+        limit = b.add(jc, nc)
 
         def pair(p, carried):
             k0 = b.add(pc, b.shl(p, self.const(1)))
@@ -256,7 +258,7 @@ class Bf16DotEmitter(_GemmEmitter):
                 offset = b.add(b.mul(jr, depth), b.mul(p, self.const(2 * nr)))
                 for part in range(self.vectors_per_row):
                     first = b.add(b.add(jc, jr), self.const(part * LANES))
-                    mask = self.lane_mask(first, self.const(g.n))
+                    mask = self.lane_mask(first, limit)
                     even = self._tile_value(g.b_elem, g.j, first, mask, [(g.k, k0)])
                     odd_mask = b.and_(mask, self.cg.splat(inside, LANES))
                     odd = self._tile_value(g.b_elem, g.j, first, odd_mask, [(g.k, k1)])
@@ -277,9 +279,11 @@ class Bf16DotEmitter(_GemmEmitter):
     def pack_b_pairs_transposed(self, packed, jc, nc, pc, kc) -> None:
         """pack_b for a B read along k (`x @ transpose(w)`): 16 columns x 16 depths at a
         time, each column loaded as one vector along k and the block transposed in
-        registers (as gemm.py's pack_b_transposed), then the depth rows paired."""
+        registers (as gemm.py's pack_b_transposed), then the depth rows paired; columns
+        from jc + nc on as zeros (as pack_b)."""
         g, nr, b = self.g, self.tiles.nr, self.b
         depth = self.panel_depth(kc)
+        limit = b.add(jc, nc)
         whole = b.and_(kc, self.const(-LANES))  # depths in full chunks of 16
 
         def chunk(jr, k, partial: bool):
@@ -287,7 +291,7 @@ class Bf16DotEmitter(_GemmEmitter):
             for part in range(self.vectors_per_row):
                 def column(r, part=part):
                     index = b.add(b.add(jc, jr), self.const(part * LANES + r))
-                    return index, b.icmp_signed("<", index, self.const(g.n))
+                    return index, b.icmp_signed("<", index, limit)
                 rows = self._transposed_block(g.b_elem, g.k, b.add(pc, k), depth_mask, g.j,
                                               column)
                 pairs = [self.interleave(rows[2 * p], rows[2 * p + 1])
