@@ -18,7 +18,7 @@ import pytest
 from kina_frontend import program_from_text
 from tilegen.api import compile_program
 from tilegen.gemm import splits_columns
-from tilegen.gemm_amx import a_read_in_place
+from tilegen.gemm_amx import a_read_in_place, packs_b_panel_at_a_time
 from tilegen.gemm_bf16 import amx_tiles, amx_usable, is_amx_block
 from tilegen.loopir import Gemm, GemmTiles
 from tilegen.pipeline import codegen
@@ -245,3 +245,46 @@ def test_batched_ragged_column_edges(monkeypatch):
         module = _compile(source, monkeypatch, threads)
         assert "tilegen.gemm.amx.32x16.of32" in _llvm_functions(module)
         _check(module.f(x, y), x, y)
+
+
+@pytest.mark.parametrize("m,k,n,one_panel", [(333, 1000, 777, True), (300, 2049, 100, True),
+                                             (260, 600, 90, True), (1024, 1024, 1024, False),
+                                             (16, 384, 1536, False), (100, 1000, 300, False)])
+def test_b_packed_a_panel_at_a_time_for_one_row_block(m, k, n, one_panel, monkeypatch):
+    # One row block of 8 or more register blocks (A fits half of L2; 10 x 32 depth steps
+    # prefetch the next panel's 1000 rows of B): each panel packed before its kernel call.
+    module = _compile(_matmul(m, k, n), monkeypatch)
+    gemm = _gemm_of(module)
+    assert packs_b_panel_at_a_time(gemm) == one_panel
+    if one_panel:
+        assert gemm.tiles.mc >= m
+
+
+# Products with B packed a panel at a time: several depth blocks (2049 = 2 x 1024 + 1),
+# narrow and ragged column edges, a column split, B transposed (nothing to prefetch), a
+# batch; 1 and 2 threads.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n,transposed_b", [(300, 2049, 100, False), (260, 600, 90, True),
+                                                (333, 1000, 777, True), (257, 130, 999, False)])
+def test_products_with_b_packed_a_panel_at_a_time(m, k, n, transposed_b, threads,
+                                                  monkeypatch):
+    b_shape = (n, k) if transposed_b else (k, n)
+    b_operand = "transpose(b, [1, 0])" if transposed_b else "b"
+    module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty(b_shape)}) -> {_ty((m, n), 'F32')} "
+                      f"{{ return matmul(a, {b_operand}); }}", monkeypatch, threads)
+    assert packs_b_panel_at_a_time(_gemm_of(module))
+    rng = np.random.default_rng(m + n)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal(b_shape).astype(BF16)
+    _check(module.f(a, b), a, b.T if transposed_b else b)
+
+
+def test_batched_products_with_b_packed_a_panel_at_a_time(monkeypatch):
+    source = f"fn f(x: {_ty((2, 300, 520))}, y: {_ty((2, 520, 70))}) -> " \
+             f"{_ty((2, 300, 70), 'F32')} {{ return matmul(x, y); }}"
+    module = _compile(source, monkeypatch)
+    assert packs_b_panel_at_a_time(_gemm_of(module))
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 300, 520)).astype(BF16)
+    y = rng.standard_normal((2, 520, 70)).astype(BF16)
+    _check(module.f(x, y), x, y)

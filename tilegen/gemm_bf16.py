@@ -147,13 +147,17 @@ def amx_tiles(m: int, n: int, k: int, target: Target) -> L.GemmTiles:
     tiles for products of at most 16 rows); depth block all of k up to 1024 (a multiple of
     32 past it: a tile row of A holds 32 bf16), which was the fastest in noisy timings of
     1024^3 against 256, 384 and 512 (C is loaded and stored once per depth block); the B
-    panel kc x nc at most half of L2, the A block at most a quarter."""
+    panel kc x nc at most half of L2, the A block at most a quarter, or all of M where that
+    fits half of L2 (333 x 1000: one row block, so gemm_amx packs B a panel at a time)."""
     mr = AMX_TILE_ROWS if m <= AMX_TILE_ROWS else AMX_ROWS
     kc = min(AMX_MAX_KC, k)  # padded to whole tiles while packing
     panel_columns = max(AMX_COLUMNS, target.l2_bytes // 2 // (2 * kc))
     nc = column_block(n, AMX_COLUMNS, panel_columns)
     rows = max(mr, target.l2_bytes // 4 // (2 * kc) // mr * mr)
-    mc = min(rows, -(-m // mr) * mr)
+    whole = -(-m // mr) * mr
+    # All of M in one block when A (kc deep) fits half of L2: gemm_amx then packs each B
+    # panel right before its kernel call, which prefetches the next one's part of B.
+    mc = whole if whole * 2 * kc <= target.l2_bytes // 2 else min(rows, whole)
     return L.GemmTiles(mr, AMX_COLUMNS, kc, mc, nc)
 
 
