@@ -2,10 +2,14 @@
 (`a_read_in_place`), and products whose A is read there -- depth tails from their padded
 slab, the matrix's ragged last rows from packed ones -- against the exact products of the
 bf16 inputs (NumPy float64), with infinities placed where a read past a row's last depth
-would meet B's zero padding; and how two threads split a product (gemm.splits_columns:
-whichever split packs fewer elements a thread, counted here by walking the blocks)."""
+would meet B's zero padding; how two threads split a product (gemm.splits_columns:
+whichever split packs fewer elements a thread, counted here by walking the blocks; the
+columns in single tiles of 16); and panels of at most 16 columns on the kernel of one column
+of tiles, at C's right edge and at the end of a thread's share."""
 
 from __future__ import annotations
+
+import re
 
 import ml_dtypes
 import numpy as np
@@ -14,9 +18,10 @@ import pytest
 from kina_frontend import program_from_text
 from tilegen.api import compile_program
 from tilegen.gemm import splits_columns
-from tilegen.gemm_amx import a_read_in_place
+from tilegen.gemm_amx import a_read_in_place, packs_b_panel_at_a_time
 from tilegen.gemm_bf16 import amx_tiles, amx_usable, is_amx_block
 from tilegen.loopir import Gemm, GemmTiles
+from tilegen.pipeline import codegen
 from tilegen.runtime import program_of
 from tilegen.target import host_target
 
@@ -157,3 +162,129 @@ def test_square_products_split_by_columns(m, k, n, monkeypatch):
     two = module.f(a, b)
     _check(two, a, b)
     assert np.array_equal(two, _compile(_matmul(m, k, n), monkeypatch, threads=1).f(a, b))
+
+
+def _gemm_of(module, name="f"):
+    (gemm,) = [s for s in program_of(module).plans[name].kernel.body if isinstance(s, Gemm)]
+    return gemm
+
+
+def _llvm_functions(module, name="f"):
+    """The LLVM IR of `name`'s kernel, by function name."""
+    text = str(codegen([program_of(module).plans[name]]))
+    functions, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("define"):
+            current = line.split("@", 1)[1].split("(", 1)[0].strip('"')
+            functions[current] = []
+        elif current is not None:
+            functions[current].append(line)
+    return {name: "\n".join(lines) for name, lines in functions.items()}
+
+
+# Panels of at most 16 columns run on the kernel of one column of tiles: C's last panel
+# where N % 32 is 1..16 (777 = 24 x 32 + 9, 8, 16, 48, 80, 400), and a thread's last panel
+# where a column split in 16-column tiles ends its share half-way into one (112 columns of
+# 20 rows: 48 + 64; 333 x 777: 384 + 393). Wider ragged panels (17, 31, 49, and 20 at the
+# end of 116 = 64 + 52) stay on the 32-column kernel under column masks; products of at
+# most 16 rows (13) on the one-row kernels; depth tails from the padded slab; B transposed
+# (packed along k) as well. (A product of fewer than 8 columns is no packed gemm.) Every
+# product has the work for two threads.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n", [(333, 1000, 777), (300, 250, 17), (200, 170, 31),
+                                   (150, 150, 49), (1000, 130, 8), (700, 100, 16),
+                                   (96, 230, 48), (40, 1037, 80), (20, 500, 112),
+                                   (20, 500, 116),
+                                   (13, 200, 777), (70, 90, 400)])
+@pytest.mark.parametrize("transposed_b", [False, True])
+def test_ragged_column_edges(m, k, n, threads, transposed_b, monkeypatch):
+    b_shape = (n, k) if transposed_b else (k, n)
+    b_operand = "transpose(b, [1, 0])" if transposed_b else "b"
+    module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty(b_shape)}) -> {_ty((m, n), 'F32')} "
+                      f"{{ return matmul(a, {b_operand}); }}", monkeypatch, threads)
+    gemm = _gemm_of(module)
+    narrow = 0 < n % 32 <= 16 or splits_columns(m, n, gemm.tiles, threads)
+    kernels = [name for name in _llvm_functions(module) if name.startswith("tilegen.gemm.amx.")]
+    assert any(name.endswith("x16.of32") for name in kernels) == narrow, kernels
+    rng = np.random.default_rng(m * n + k)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal(b_shape).astype(BF16)
+    got = module.f(a, b)
+    wide_b = b.T if transposed_b else b
+    _check(got, a, wide_b)
+    if threads == 2:
+        assert np.array_equal(got, _compile(
+            f"fn f(a: {_ty((m, k))}, b: {_ty(b_shape)}) -> {_ty((m, n), 'F32')} "
+            f"{{ return matmul(a, {b_operand}); }}", monkeypatch, 1).f(a, b))
+
+
+@pytest.mark.parametrize("m,k,n,units", [(333, 1000, 777, 49), (20, 500, 112, 7),
+                                         (13, 200, 777, 49)])
+def test_two_threads_split_columns_in_single_tiles(m, k, n, units, monkeypatch):
+    # 777 columns in 49 tiles of 16: 384 + 393 columns, where 25 panels of 32 split
+    # 416 + 361 and thread 0 did 7 % more than half.
+    module = _compile(_matmul(m, k, n), monkeypatch)
+    assert splits_columns(m, n, _gemm_of(module).tiles, 2)
+    (parallel,) = [text for name, text in _llvm_functions(module).items() if ".par" in name]
+    # Thread t's share is units [t units / 2, (t + 1) units / 2), times 16 columns.
+    products = set(re.findall(r'= mul i64 %"[.\w]+", (\d+)$', parallel, re.MULTILINE))
+    assert {str(units), "16"} <= products
+    if n == 777:
+        assert "25" not in products  # panels of 32
+
+
+def test_batched_ragged_column_edges(monkeypatch):
+    # Batch entries split across threads (no column split) with C's last panel 16 wide;
+    # two batch axes, so each kernel branch computes the entry's offset in C itself.
+    source = f"fn f(x: {_ty((2, 3, 70, 45))}, y: {_ty((2, 3, 45, 80))}) -> " \
+             f"{_ty((2, 3, 70, 80), 'F32')} {{ return matmul(x, y); }}"
+    rng = np.random.default_rng(80)
+    x = rng.standard_normal((2, 3, 70, 45)).astype(BF16)
+    y = rng.standard_normal((2, 3, 45, 80)).astype(BF16)
+    for threads in (1, 2):
+        module = _compile(source, monkeypatch, threads)
+        assert "tilegen.gemm.amx.32x16.of32" in _llvm_functions(module)
+        _check(module.f(x, y), x, y)
+
+
+@pytest.mark.parametrize("m,k,n,one_panel", [(333, 1000, 777, True), (300, 2049, 100, True),
+                                             (260, 600, 90, True), (1024, 1024, 1024, False),
+                                             (16, 384, 1536, False), (100, 1000, 300, False)])
+def test_b_packed_a_panel_at_a_time_for_one_row_block(m, k, n, one_panel, monkeypatch):
+    # One row block of 8 or more register blocks (A fits half of L2; 10 x 32 depth steps
+    # prefetch the next panel's 1000 rows of B): each panel packed before its kernel call.
+    module = _compile(_matmul(m, k, n), monkeypatch)
+    gemm = _gemm_of(module)
+    assert packs_b_panel_at_a_time(gemm) == one_panel
+    if one_panel:
+        assert gemm.tiles.mc >= m
+
+
+# Products with B packed a panel at a time: several depth blocks (2049 = 2 x 1024 + 1),
+# narrow and ragged column edges, a column split, B transposed (nothing to prefetch), a
+# batch; 1 and 2 threads.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n,transposed_b", [(300, 2049, 100, False), (260, 600, 90, True),
+                                                (333, 1000, 777, True), (257, 130, 999, False)])
+def test_products_with_b_packed_a_panel_at_a_time(m, k, n, transposed_b, threads,
+                                                  monkeypatch):
+    b_shape = (n, k) if transposed_b else (k, n)
+    b_operand = "transpose(b, [1, 0])" if transposed_b else "b"
+    module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty(b_shape)}) -> {_ty((m, n), 'F32')} "
+                      f"{{ return matmul(a, {b_operand}); }}", monkeypatch, threads)
+    assert packs_b_panel_at_a_time(_gemm_of(module))
+    rng = np.random.default_rng(m + n)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal(b_shape).astype(BF16)
+    _check(module.f(a, b), a, b.T if transposed_b else b)
+
+
+def test_batched_products_with_b_packed_a_panel_at_a_time(monkeypatch):
+    source = f"fn f(x: {_ty((2, 300, 520))}, y: {_ty((2, 520, 70))}) -> " \
+             f"{_ty((2, 300, 70), 'F32')} {{ return matmul(x, y); }}"
+    module = _compile(source, monkeypatch)
+    assert packs_b_panel_at_a_time(_gemm_of(module))
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 300, 520)).astype(BF16)
+    y = rng.standard_normal((2, 520, 70)).astype(BF16)
+    _check(module.f(x, y), x, y)

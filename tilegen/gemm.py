@@ -163,15 +163,18 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
 
 
 def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
-    mr, nr = gemm.tiles.mr, gemm.tiles.nr
+    mr = gemm.tiles.mr
     row_units = -(-gemm.m // mr)
-    column_units = -(-gemm.n // nr)
+    # The columns split in the emitter's units (nr, or one AMX tile of 16: 777 columns as
+    # 384 + 393 instead of 416 + 361).
+    unit = _emitter(cg, gemm).column_unit
+    column_units = -(-gemm.n // unit)
 
     def column_body(child, lo, hi):
         b = child.b
         _emitter(child, gemm).rows(
-            ir.Constant(I64, 0), ir.Constant(I64, gemm.m), b.mul(lo, ir.Constant(I64, nr)),
-            _smin(b, b.mul(hi, ir.Constant(I64, nr)), ir.Constant(I64, gemm.n)))
+            ir.Constant(I64, 0), ir.Constant(I64, gemm.m), b.mul(lo, ir.Constant(I64, unit)),
+            _smin(b, b.mul(hi, ir.Constant(I64, unit)), ir.Constant(I64, gemm.n)))
 
     def row_body(child, lo, hi):
         _emitter(child, gemm).rows(child.b.mul(lo, ir.Constant(I64, mr)),
@@ -264,6 +267,8 @@ class _GemmEmitter:
         # Ap's row stride: kc rounded up to whole vectors, so packing stores full vectors
         # without running into the next row (or past the block).
         self.a_stride = -(-gemm.tiles.kc // self.lanes) * self.lanes
+        # A column split gives each thread a multiple of this many columns (or up to n).
+        self.column_unit = gemm.tiles.nr
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -314,7 +319,8 @@ class _GemmEmitter:
     # ---- structure ----------------------------------------------------------------------------
 
     def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
-        """C[row_lo:row_hi, col_lo:col_hi] (column bounds: multiples of nr, or n)."""
+        """C[row_lo:row_hi, col_lo:col_hi] (column bounds: multiples of column_unit, or
+        n)."""
         t, g = self.tiles, self.g
         col_hi = g.n if col_hi is None else col_hi
         col_end = self.const(col_hi) if isinstance(col_hi, int) else col_hi

@@ -14,9 +14,11 @@ blocks, threads) and gemm_bf16's packing, with every panel padded to whole tiles
                                32 columns per panel, zero pairs up to a multiple of 16
 
 so a B tile (16 pairs x 16 columns, 64 bytes a row) is 16 rows of a panel 128 bytes apart,
-and the panel's second tile starts 64 bytes in. Padding depths are zero in both A and B:
-zero times anything finite is 0, and packing never reads past the operands, so no Inf or
-NaN of uninitialised memory meets a zero.
+and the panel's second tile starts 64 bytes in. A product of one row block of at least 8
+register blocks packs B a panel at a time, each right before its kernel call, which
+prefetches the next panel's part of B into L2 (`packs_b_panel_at_a_time`). Padding
+depths are zero in both A and B: zero times anything finite is 0, and packing never
+reads past the operands, so no Inf or NaN of uninitialised memory meets a zero.
 
 A row-major bf16 A (a plain load, contiguous along k: `a_read_in_place`) is not packed:
 tileloadd reads its tiles where it is, 16 rows at A's row stride, for every whole 32
@@ -28,7 +30,10 @@ and are packed.
 
 The micro-kernel keeps 2 x 2 accumulator tiles (C, 32 x 32 f32) in tile registers across
 its depth loop (x86_amx phis) and loads 2 tiles of A and 2 of B per 32 depths: all 8 tile
-registers. It is written with LLVM's shape-carrying intrinsics
+registers; a B panel of at most 16 columns (C's last where N % 32 <= 16, or the last of a
+thread's share: threads split columns in tiles of 16, `column_unit`) runs on the kernel of
+one column of tiles, and a ragged last block of at most 16 rows on one row of tiles. It
+is written with LLVM's shape-carrying intrinsics
 (`llvm.x86.tileloadd64.internal`, `tdpbf16ps.internal`, `tilestored64.internal`), whose
 row and byte-column operands are constants, so LLVM writes the tile configuration and
 the `ldtilecfg` itself (and `tilerelease` on return). The accumulators start from C
@@ -49,7 +54,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import loopir as L
-from .gemm import PACKED_EMITTERS
+from .gemm import PACKED_EMITTERS, _smin, splits_columns
 from .gemm_bf16 import (
     AMX_DEPTH,
     AMX_TILE_ROWS,
@@ -73,6 +78,9 @@ PREFETCH_STEPS = 2  # how many depth steps (of 32) ahead the kernel prefetches A
 # 2048^3 on one thread ran 3-5% faster with it (C of 16 MB comes from L3), the smaller
 # products within noise.
 PREFETCH_C = True
+# Rows of the next B panel's source a kernel call prefetches per depth step (kc = 1000 rows
+# within 10 register blocks x 32 steps: 333 x 1000 x 777 prefetches all of them).
+AHEAD_ROWS = 4
 # A is read in place only when its row stride in bytes has no power-of-two factor above
 # this, so a block's 32 rows fall on at least 16 of L1's 64 sets: at 2 and 4 KB (1024^3,
 # 2048^3) they fell on 2 to 4 and the product ran 20-30% slower than on packed A, while
@@ -104,6 +112,17 @@ class AmxEmitter(Bf16DotEmitter):
         tail = AMX_DEPTH if self.a_row_stride is not None else 0
         self.a_stride = self.tile_depth + tail
         self.direct = None  # (pointer to A's block, rows read in place): pack_a sets it
+        # Threads split the columns in single tiles, so a share may end half-way into a
+        # panel; that panel, and C's last one where N % 32 <= 16, run on the kernel of one
+        # column of tiles, which does half the products of the panel's.
+        self.column_unit = TILE_COLUMNS
+        g, nr = gemm, gemm.tiles.nr
+        self.narrow_panels = 0 < g.n % nr <= TILE_COLUMNS or \
+            splits_columns(g.m, g.n, gemm.tiles, g.threads)
+        self.panel_at_a_time = packs_b_panel_at_a_time(gemm)
+        self.b_block = None  # pack_b's (jc, nc, pc) when panel_at_a_time
+        stride = bf16_row_stride(gemm, cg.buffers, gemm.b_elem, gemm.j, gemm.k)
+        self.b_row_stride = stride if stride is not None and stride > 0 else None
 
     def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
         self.request_tile_data()
@@ -135,9 +154,17 @@ class AmxEmitter(Bf16DotEmitter):
         return _round_up(self.b, kc, AMX_DEPTH)
 
     def b_panel_elements(self) -> int:
-        return self.tile_depth * self.tiles.nc
+        return self.tile_depth * (self.tiles.nr if self.panel_at_a_time else self.tiles.nc)
 
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
+        """The block's panels (pack_b_panels); with `panel_at_a_time` only where the block
+        is: micro_tiles packs each panel before its kernel call."""
+        if self.panel_at_a_time:
+            self.b_block = (jc, nc, pc)
+            return
+        self.pack_b_panels(packed, jc, nc, pc, kc)
+
+    def pack_b_panels(self, packed, jc, nc, pc, kc) -> None:
         """gemm_bf16's panels, then zero pairs from ceil(kc / 2) to the panel's depth."""
         super().pack_b(packed, jc, nc, pc, kc)
         b, nr = self.b, self.tiles.nr
@@ -214,71 +241,119 @@ class AmxEmitter(Bf16DotEmitter):
             self.cg.loop(self.const(0), mc, 1, [], row)
 
     def micro_kernel(self) -> ir.Function:
-        return amx_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr)
+        return self.kernel(self.tiles.mr, self.tiles.nr)
+
+    def kernel(self, rows: int, columns: int) -> ir.Function:
+        """The micro-kernel of rows x columns (whole tiles) on this gemm's B panels."""
+        return amx_micro_kernel(self.cg.module, rows, columns, self.tiles.nr)
 
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                     col_end) -> None:
         """gemm.py's micro_tiles with one kernel call per B micro-panel for all of the A
         block's register blocks (amx_micro_kernel's `blocks`); with A read in place, one
-        for the rows read there and one for a packed ragged last block."""
+        for the rows read there and one for a packed ragged last block. A panel of at most
+        16 columns runs on kernels of one column of tiles (`narrow_panels`)."""
         g, b, mr = self.g, self.b, self.tiles.mr
-        kernel = self.micro_kernel()
         steps = self.micro_steps(kc)
         slabs = (self.const(TILE_BYTES), self.const(self.tiles.mc * TILE_BYTES), steps)
 
-        def call(a, b_panel, row0, col0, blocks, layout, tail, kernel=kernel):
+        def call(kernel, a, b_panel, row0, col0, blocks, layout, tail, ahead=None):
+            ahead = ahead or (b_panel, self.const(0), self.const(0))  # nothing ahead
             b.call(kernel, [a, b_panel, steps, self.c_pointer(row0, col0), self.const(g.n),
                             b.sub(row_hi, row0), b.sub(col_end, col0), first, blocks,
-                            *layout, tail])
+                            *layout, tail, *ahead])
 
-        def ragged(a, b_panel, row0, col0):
+        def ragged(columns, a, b_panel, row0, col0):
             """The packed ragged last block: on one row of tiles when it has at most 16
             rows (333 = 10 x 32 + 13), half the products of a 32-row block."""
             if mr == AMX_TILE_ROWS:
-                call(a, b_panel, row0, col0, self.const(1), slabs, a)
+                call(self.kernel(mr, columns), a, b_panel, row0, col0, self.const(1), slabs, a)
                 return
-            half = amx_micro_kernel(self.cg.module, AMX_TILE_ROWS, self.tiles.nr)
             short = b.icmp_signed("<=", b.sub(row_hi, row0), self.const(AMX_TILE_ROWS))
-            with b.if_else(short) as (then, otherwise):
-                with then:
-                    call(a, b_panel, row0, col0, self.const(1), slabs, a, half)
-                with otherwise:
-                    call(a, b_panel, row0, col0, self.const(1), slabs, a)
+            self.choose(short, (AMX_TILE_ROWS, mr), lambda rows: call(
+                self.kernel(rows, columns), a, b_panel, row0, col0, self.const(1), slabs, a))
 
-        def panel(jr, carried):
-            col0 = b.add(jc, jr)
-            b_panel = self.gep(packed_b, self.b_panel_offset(jr, kc))
+        def columns_of(columns, col0, b_panel, ahead):
+            kernel = self.kernel(mr, columns)
             if self.a_row_stride is None:
                 blocks = b.sdiv(_round_up(b, mc, mr), self.const(mr))
-                call(packed_a, b_panel, ic, col0, blocks, slabs, packed_a)
-                return carried
+                call(kernel, packed_a, b_panel, ic, col0, blocks, slabs, packed_a, ahead)
+                return
             a, direct = self.direct
             in_place = (self.const(2 * self.a_row_stride), self.const(TILE_BYTES),
                         b.ashr(kc, self.const(5)))
-            call(a, b_panel, ic, col0, b.sdiv(direct, self.const(mr)), in_place,
-                 self.tail_slab(packed_a))
+            call(kernel, a, b_panel, ic, col0, b.sdiv(direct, self.const(mr)), in_place,
+                 self.tail_slab(packed_a), ahead)
             with b.if_then(b.icmp_signed("<", direct, mc)):
-                ragged(packed_a, b_panel, b.add(ic, direct), col0)
+                ragged(columns, packed_a, b_panel, b.add(ic, direct), col0)
+
+        def panel(jr, carried):
+            col0 = b.add(jc, jr)
+            ahead = None
+            if self.panel_at_a_time:
+                nr, (_, _, pc) = self.const(self.tiles.nr), self.b_block
+                self.pack_b_panels(packed_b, col0, _smin(b, b.sub(nc, jr), nr), pc, kc)
+                b_panel = packed_b
+                ahead = self.next_panel_source(b.add(col0, nr), b.add(jc, nc), pc, kc)
+            else:
+                b_panel = self.gep(packed_b, self.b_panel_offset(jr, kc))
+            if not self.narrow_panels:
+                columns_of(self.tiles.nr, col0, b_panel, ahead)
+                return carried
+            narrow = b.icmp_signed("<=", b.sub(col_end, col0), self.const(TILE_COLUMNS))
+            self.choose(narrow, (TILE_COLUMNS, self.tiles.nr),
+                        lambda columns: columns_of(columns, col0, b_panel, ahead))
             return carried
         self.cg.loop(self.const(0), nc, self.tiles.nr, [], panel)
+
+    def next_panel_source(self, column, block_end, pc, kc):
+        """(pointer, row stride in bytes, rows) of what the next panel packs of a plain
+        row-major B: kc rows of 64 bytes from B[pc, column], which the kernel call on this
+        panel prefetches into L2; no rows past the block's last panel. None (nothing to
+        prefetch) for other operands."""
+        b, g = self.b, self.g
+        if self.b_row_stride is None:
+            return None
+        inside = b.icmp_signed("<", column, block_end)
+        pointer = operand_pointer(self.cg, g.b_elem,
+                                  {g.k: pc, g.j: b.select(inside, column, self.const(0))})
+        return (pointer, self.const(2 * self.b_row_stride), b.select(inside, kc, self.const(0)))
+
+    def choose(self, condition, choices, emit) -> None:
+        """emit(choices[0]) where `condition` holds, emit(choices[1]) where not, each in a
+        scope of its own: a value one branch computes (the batch entry's offset in C) is no
+        value in the other."""
+        with self.b.if_else(condition) as (then, otherwise):
+            for choice, branch in zip(choices, (then, otherwise), strict=True):
+                with branch:
+                    self.cg.push_scope()
+                    emit(choice)
+                    self.cg.pop_scope()
 
     def micro_steps(self, kc):
         return self.b.ashr(self.panel_depth(kc), self.const(5))  # steps of AMX_DEPTH
 
 
-def amx_micro_kernel(module: ir.Module, mr: int, nr: int) -> ir.Function:
+def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
+                     panel_columns: int | None = None) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first,
-    i64 blocks, i64 row_bytes, i64 step_bytes, i64 main_steps, ptr tail)`:
+    i64 blocks, i64 row_bytes, i64 step_bytes, i64 main_steps, ptr tail, ptr ahead,
+    i64 ahead_stride, i64 ahead_rows)`:
     micro_kernel.micro_kernel_function's signature (steps counting 32 depths) with `blocks`
     register blocks of mr rows one after the other: for q < blocks,
     C[q mr + r, j] (+)= sum over d < 32 steps of A[q mr + r, d] * B[d, j] for q mr + r < rows
-    and j < cols (at most nr), B read from its pair-interleaved panel and A's 32 depths of
+    and j < cols (at most nr), B read from the first nr columns of its pair-interleaved
+    panel of panel_columns (default nr; 32 for the 16-column kernel) and A's 32 depths of
     row r at step s from a + r row_bytes + s step_bytes for s < main_steps (slabs of packed
     rows: 64 and mc x 64 bytes; A in place: its row stride and 64), from the slab at `tail`
-    (rows 64 bytes apart) for the steps after.
+    (rows 64 bytes apart) for the steps after. Step s of block q also prefetches into L2
+    rows AHEAD_ROWS (q steps + s).. (below ahead_rows) of a strip of 64 bytes at `ahead`,
+    ahead_stride bytes a row (_prefetch_ahead).
     One call per B micro-panel and A block: `ldtilecfg` and `tilerelease` cost about as
     much as a block's 32 x 32 x 1024 products, so they are paid once per call."""
-    name = f"tilegen.gemm.amx.{mr}x{nr}"
+    panel_columns = panel_columns or nr
+    name = f"tilegen.gemm.amx.{mr}x{nr}" + ("" if panel_columns == nr else
+                                            f".of{panel_columns}")
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -292,13 +367,14 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int) -> ir.Function:
     zeros = _zero_rows(module)
 
     fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1, I64,
-                                           I64, I64, I64, PTR])
+                                           I64, I64, I64, PTR, PTR, I64, I64])
     function = ir.Function(module, fnty, name)
     function.linkage = "internal"
     function.attributes.add("nounwind")
     function.attributes.add("noinline")
     (a_first, bp, steps, c_first, ldc, rows_first, cols, first, blocks,
-     row_bytes, step_bytes, main_steps, tail_first) = function.args
+     row_bytes, step_bytes, main_steps, tail_first, ahead, ahead_stride,
+     ahead_rows) = function.args
     for arg in (bp, c_first):
         arg.add_attribute("noalias")
     b = ir.IRBuilder(function.append_basic_block("entry"))
@@ -377,21 +453,23 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int) -> ir.Function:
         phi = b.phi(TILE)
         phi.add_incoming(value, entry)
         accumulators.append(phi)
-    b_row_bytes = const(2 * 2 * nr)  # one depth pair of nr columns
+    b_row_bytes = const(2 * 2 * panel_columns)  # one depth pair of the panel's columns
     in_main = b.icmp_signed("<", step, main_steps)
     a_step = b.select(in_main, element_pointer(b, a, b.mul(step, step_bytes), byte), tail)
     a_stride = b.select(in_main, row_bytes, tile_bytes_wide)
     a_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
         b, a_step, b.mul(a_stride, const(tr * AMX_TILE_ROWS)), byte), a_stride])
         for tr in range(row_tiles)]
-    b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * nr))  # 16 pairs per step
+    b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * panel_columns))  # 16 pairs a step
     b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
         b, bp, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
         for tc in range(column_tiles)]
-    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, row_bytes,
-              step_bytes)
+    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, panel_columns,
+              row_bytes, step_bytes)
     if PREFETCH_C:
         _prefetch_next_c(module, b, c, c_stride, step, mr, nr)
+    _prefetch_ahead(module, b, ahead, ahead_stride, ahead_rows,
+                    b.add(b.mul(block, steps), step))
     updated = [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
                             accumulators[tr * column_tiles + tc], a_tiles[tr], b_tiles[tc]])
                for tr in range(row_tiles) for tc in range(column_tiles)]
@@ -426,6 +504,23 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int) -> ir.Function:
     return function
 
 
+def _prefetch_ahead(module, b, ahead, stride, rows, step) -> None:
+    """Prefetch into L2 rows AHEAD_ROWS * step.. of the strip of B at `ahead` (`stride`
+    bytes a row, `rows` rows of 64 bytes, each on one or two lines), the next panel's
+    source, which the packing after this call then reads from L2 instead of L3. Rows past
+    the end prefetch row 0 again: no branch in the depth loop."""
+    prefetch = declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
+                                 [PTR, I32, I32, I32])
+    read, l2, data = (ir.Constant(I32, value) for value in (0, 2, 1))
+    for line in range(AHEAD_ROWS):
+        row = b.add(b.mul(step, ir.Constant(I64, AHEAD_ROWS)), ir.Constant(I64, line))
+        row = b.select(b.icmp_signed("<", row, rows), row, ir.Constant(I64, 0))
+        start = element_pointer(b, ahead, b.mul(row, stride), I8)
+        for offset in (0, TILE_BYTES - 1):
+            b.call(prefetch, [element_pointer(b, start, ir.Constant(I64, offset), I8), read,
+                              l2, data])
+
+
 def _prefetch_next_c(module, b, c, c_stride, step, mr: int, nr: int) -> None:
     """Prefetch for writing row `step % mr` of the next register block's C (nr f32, 2
     lines): over a block of mr steps or more, its whole C arrives before its loads and
@@ -440,9 +535,11 @@ def _prefetch_next_c(module, b, c, c_stride, step, mr: int, nr: int) -> None:
                           keep, data])
 
 
-def _prefetch(module, b, a, bp, step, mr: int, nr: int, row_bytes, step_bytes) -> None:
+def _prefetch(module, b, a, bp, step, mr: int, nr: int, panel_columns: int, row_bytes,
+              step_bytes) -> None:
     """Prefetch into L1 the A rows and B panel lines of depth step `step` (mr rows of 64
-    bytes, row_bytes apart, and 32 contiguous lines). The hardware prefetchers do not keep
+    bytes, row_bytes apart, and the first nr columns of 16 pairs of a panel of
+    panel_columns: 32 contiguous lines for a 32-column kernel). The hardware prefetchers do not keep
     tileloadd fed from L2 (on this project's Xeon the 1024^3 product ran about 1.7x faster
     with these, in noisy one-thread timings); past the end of a panel or of A's whole
     steps they touch lines nobody reads, which a prefetch never faults on."""
@@ -453,10 +550,13 @@ def _prefetch(module, b, a, bp, step, mr: int, nr: int, row_bytes, step_bytes) -
     for line in range(mr):  # one 64-byte row of the step per line
         b.call(prefetch, [element_pointer(b, a_step, b.mul(row_bytes, ir.Constant(I64, line)),
                                           I8), read, keep, data])
-    b_step = b.mul(step, ir.Constant(I64, AMX_DEPTH // 2 * 2 * 2 * nr))
-    for line in range(AMX_DEPTH // 2 * 2 * 2 * nr // 64):  # 16 pairs of nr columns
-        b.call(prefetch, [element_pointer(b, bp, b.add(b_step, ir.Constant(I64, 64 * line)),
-                                          I8), read, keep, data])
+    pair_bytes = 2 * 2 * panel_columns
+    b_step = b.mul(step, ir.Constant(I64, AMX_DEPTH // 2 * pair_bytes))
+    for pair in range(AMX_DEPTH // 2):
+        for line in range(2 * 2 * nr // 64):
+            offset = ir.Constant(I64, pair * pair_bytes + 64 * line)
+            b.call(prefetch, [element_pointer(b, bp, b.add(b_step, offset), I8), read, keep,
+                              data])
 
 
 def _column_masks(module, b, cols, nr):
@@ -486,6 +586,18 @@ def _zero_rows(module: ir.Module) -> ir.GlobalVariable:
     zeros.linkage = "internal"
     zeros.align = 64
     return zeros
+
+
+def packs_b_panel_at_a_time(gemm: L.Gemm) -> bool:
+    """Whether each B panel is packed right before its kernel call (into one panel's
+    space, the call prefetching the next panel's part of a plain row-major B into L2)
+    instead of the whole B block before the first: with one row block (amx_tiles takes
+    all of M when A fits half of L2) of enough register blocks that one call's depth
+    steps prefetch all kc rows of the next panel (333 x 1000 x 777: 10 blocks x 32 steps
+    x AHEAD_ROWS >= 1000). Smaller products keep packing B whole, along its rows."""
+    tiles = gemm.tiles
+    steps = -(-tiles.kc // AMX_DEPTH)
+    return gemm.m <= tiles.mc and gemm.m // tiles.mr * steps * AHEAD_ROWS >= tiles.kc
 
 
 def a_read_in_place(gemm: L.Gemm, buffers) -> int | None:

@@ -147,13 +147,17 @@ def amx_tiles(m: int, n: int, k: int, target: Target) -> L.GemmTiles:
     tiles for products of at most 16 rows); depth block all of k up to 1024 (a multiple of
     32 past it: a tile row of A holds 32 bf16), which was the fastest in noisy timings of
     1024^3 against 256, 384 and 512 (C is loaded and stored once per depth block); the B
-    panel kc x nc at most half of L2, the A block at most a quarter."""
+    panel kc x nc at most half of L2, the A block at most a quarter, or all of M where that
+    fits half of L2 (333 x 1000: one row block, so gemm_amx packs B a panel at a time)."""
     mr = AMX_TILE_ROWS if m <= AMX_TILE_ROWS else AMX_ROWS
     kc = min(AMX_MAX_KC, k)  # padded to whole tiles while packing
     panel_columns = max(AMX_COLUMNS, target.l2_bytes // 2 // (2 * kc))
     nc = column_block(n, AMX_COLUMNS, panel_columns)
     rows = max(mr, target.l2_bytes // 4 // (2 * kc) // mr * mr)
-    mc = min(rows, -(-m // mr) * mr)
+    whole = -(-m // mr) * mr
+    # All of M in one block when A (kc deep) fits half of L2: gemm_amx then packs each B
+    # panel right before its kernel call, which prefetches the next one's part of B.
+    mc = whole if whole * 2 * kc <= target.l2_bytes // 2 else min(rows, whole)
     return L.GemmTiles(mr, AMX_COLUMNS, kc, mc, nc)
 
 
@@ -233,16 +237,18 @@ class Bf16DotEmitter(_GemmEmitter):
 
     def pack_b(self, packed, jc, nc, pc, kc) -> None:
         """Bp[(jr / nr) * depth * nr + p * 2 nr + 2 j + h] = B[pc + 2p + h, jc + jr + j]
-        (0 past N and past kc): two depths per column, as dpbf16ps pairs them. Pairs of
-        rows outside, panels inside, so B is read along its rows (about 5% of a one-thread
-        1024^3 AMX product against reading each panel's 64 bytes per row, in noisy
-        timings)."""
+        (0 past the block's last column jc + nc - 1 and past kc): two depths per column,
+        as dpbf16ps pairs them. Pairs of rows outside, panels inside, so B is read along its
+        rows (about 5% of a one-thread 1024^3 AMX product against reading each panel's 64
+        bytes per row, in noisy timings). The block ends at N or where this thread's share
+        of a column split does, which for AMX may be in the middle of a panel."""
         if self._read_across(self.g.b_elem, self.g.j, self.g.k):
             self.pack_b_pairs_transposed(packed, jc, nc, pc, kc)
             return
         g, nr, b = self.g, self.tiles.nr, self.b
         depth = self.panel_depth(kc)
         last = self.const(g.k_extent - 1)
+        limit = b.add(jc, nc)
 
         def pair(p, carried):
             k0 = b.add(pc, b.shl(p, self.const(1)))
@@ -256,7 +262,7 @@ class Bf16DotEmitter(_GemmEmitter):
                 offset = b.add(b.mul(jr, depth), b.mul(p, self.const(2 * nr)))
                 for part in range(self.vectors_per_row):
                     first = b.add(b.add(jc, jr), self.const(part * LANES))
-                    mask = self.lane_mask(first, self.const(g.n))
+                    mask = self.lane_mask(first, limit)
                     even = self._tile_value(g.b_elem, g.j, first, mask, [(g.k, k0)])
                     odd_mask = b.and_(mask, self.cg.splat(inside, LANES))
                     odd = self._tile_value(g.b_elem, g.j, first, odd_mask, [(g.k, k1)])
@@ -277,9 +283,11 @@ class Bf16DotEmitter(_GemmEmitter):
     def pack_b_pairs_transposed(self, packed, jc, nc, pc, kc) -> None:
         """pack_b for a B read along k (`x @ transpose(w)`): 16 columns x 16 depths at a
         time, each column loaded as one vector along k and the block transposed in
-        registers (as gemm.py's pack_b_transposed), then the depth rows paired."""
+        registers (as gemm.py's pack_b_transposed), then the depth rows paired; columns
+        from jc + nc on as zeros (as pack_b)."""
         g, nr, b = self.g, self.tiles.nr, self.b
         depth = self.panel_depth(kc)
+        limit = b.add(jc, nc)
         whole = b.and_(kc, self.const(-LANES))  # depths in full chunks of 16
 
         def chunk(jr, k, partial: bool):
@@ -287,7 +295,7 @@ class Bf16DotEmitter(_GemmEmitter):
             for part in range(self.vectors_per_row):
                 def column(r, part=part):
                     index = b.add(b.add(jc, jr), self.const(part * LANES + r))
-                    return index, b.icmp_signed("<", index, self.const(g.n))
+                    return index, b.icmp_signed("<", index, limit)
                 rows = self._transposed_block(g.b_elem, g.k, b.add(pc, k), depth_mask, g.j,
                                               column)
                 pairs = [self.interleave(rows[2 * p], rows[2 * p + 1])
