@@ -10,8 +10,8 @@ thread with TILEGEN_NUM_THREADS=1 (so a descheduled thread costs nothing).
     TRITON_ALWAYS_COMPILE=1 TILEGEN_NUM_THREADS=1 python scripts/triton_switch_ab.py partials
 
 Switches: fills (shared_fills.py), partials (partials.py), chains (tiles.REDUCTION_CHAINS),
-all. Prints, per kernel, the minimum with the switch off and on and their ratio (> 1: the
-switch helps), and the ratio of the medians.
+siblings (sibling_reductions.py), all. Prints, per kernel, the minimum with the switch off
+and on and their ratio (> 1: the switch helps), and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import triton
 
 import tilegen.triton_backend
-from tilegen.triton_backend import partials, shared_fills, tiles
+from tilegen.triton_backend import partials, shared_fills, sibling_reductions, tiles
 
 tilegen.triton_backend.register()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -41,7 +41,8 @@ from tests.test_triton_tutorials_2 import (  # noqa: E402
     _layer_norm_bwd_dx_fused,
 )
 
-_ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS)
+_ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS,
+             sibling_reductions.SiblingReductions.joined)
 
 
 def _set(switch: str, on: bool) -> None:
@@ -51,6 +52,8 @@ def _set(switch: str, on: bool) -> None:
     partials.plan = (lambda e, loop: {}) if off and switch in ("partials", "all") \
         else _ORIGINAL[1]
     tiles.REDUCTION_CHAINS = 1 if off and switch in ("chains", "all") else _ORIGINAL[2]
+    sibling_reductions.SiblingReductions.joined = (lambda *args: ([], [])) if off and \
+        switch in ("siblings", "all") else _ORIGINAL[3]
 
 
 def _cases():

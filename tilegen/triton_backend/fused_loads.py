@@ -28,7 +28,7 @@ from .tileir import Op, element_bytes, walk
 # Readers whose evaluation of a lazy load happens at their own place in the program.
 _READERS = ("tt.store", "tt.reduce", "tt.expand_dims", "tt.reshape", "tt.broadcast")
 # Ops before which unread lazy loads that are still needed are stored.
-_BARRIERS = ("tt.store", "tt.atomic_rmw", "tt.atomic_cas", "scf.for", "scf.while", "scf.if")
+BARRIERS = ("tt.store", "tt.atomic_rmw", "tt.atomic_cas", "scf.for", "scf.while", "scf.if")
 LOAD_COST = 2
 MAX_READERS = 3
 
@@ -83,7 +83,7 @@ class LoadFusion:
     def settle(self, e, op: Op) -> None:
         """Before `op` (a barrier): store every value still needed after it that reads an
         unread lazy load. A store's own operands are left to `guarded_store`."""
-        if not self.pending or op.name not in _BARRIERS:
+        if not self.pending or op.name not in BARRIERS:
             return
         here = self.position[id(op)]
         own = {value.id for value in op.operands} if op.name == "tt.store" else set()

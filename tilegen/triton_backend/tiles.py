@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import kloop, partials
+from . import kloop, partials, sibling_reductions
 from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType, element_bytes
 
@@ -74,6 +74,7 @@ def reduce(e, op) -> None:
     scalar_result = not op.results[0].type.shape
     outs = [None if scalar_result else e.alloc(r.type) for r in op.results]
     finals: list = []
+    results = list(op.results)
 
     def combine(accs, values):
         return e.region(region, accs + values)
@@ -96,6 +97,19 @@ def reduce(e, op) -> None:
         e.loop(outer, lambda o: e.loop(inner // width, lambda c: group(o, c)))
     else:
         width = min(16, extent)
+        # later reductions of the same rows run in this sweep (sibling_reductions.py)
+        joined, hoisted = e.siblings.joined(e, op, shape)
+        for early in hoisted:  # pure ops computing their operands
+            e.op(early)
+            e.emitted_early.add(id(early))
+        e.current_op = op
+        if joined:
+            sources += [e.env[v.id] for later in joined for v in later.operands]
+            outs += [None if scalar_result else e.alloc(r.type)
+                     for later in joined for r in later.results]
+            combine = sibling_reductions.combine_all(e, [op, *joined])
+            for later in joined:
+                e.fills.begin(e, later)
 
         def row(o):
             total = fold_lanes(e, fold_row(e, sources, e.b.mul(o, _const(extent)), extent,
@@ -110,7 +124,11 @@ def reduce(e, op) -> None:
             row(_const(0))
         else:
             e.loop(outer, row)
-    for number, result in enumerate(op.results):
+        for later in joined:
+            e.fills.end(e, later)
+            e.emitted_early.add(id(later))
+        results = [r for reduction in (op, *joined) for r in reduction.results]
+    for number, result in enumerate(results):
         e.env[result.id] = finals[number] if scalar_result else outs[number]
 
 
