@@ -10,7 +10,8 @@ thread with TILEGEN_NUM_THREADS=1 (so a descheduled thread costs nothing).
     TRITON_ALWAYS_COMPILE=1 TILEGEN_NUM_THREADS=1 python scripts/triton_switch_ab.py partials
 
 Switches: fills (shared_fills.py), partials (partials.py), chains (tiles.REDUCTION_CHAINS),
-siblings (sibling_reductions.py), all. Prints, per kernel, the minimum with the switch off
+siblings (sibling_reductions.py), prefetch (prefetch.py), prefetch-stores (its stores only),
+all. Prints, per kernel, the minimum with the switch off
 and on and their ratio (> 1: the switch helps), and the ratio of the medians.
 """
 
@@ -25,7 +26,7 @@ import torch
 import triton
 
 import tilegen.triton_backend
-from tilegen.triton_backend import partials, shared_fills, sibling_reductions, tiles
+from tilegen.triton_backend import partials, prefetch, shared_fills, sibling_reductions, tiles
 
 tilegen.triton_backend.register()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -42,7 +43,7 @@ from tests.test_triton_tutorials_2 import (  # noqa: E402
 )
 
 _ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS,
-             sibling_reductions.SiblingReductions.joined)
+             sibling_reductions.SiblingReductions.joined, prefetch.DISTANCE)
 
 
 def _set(switch: str, on: bool) -> None:
@@ -54,6 +55,8 @@ def _set(switch: str, on: bool) -> None:
     tiles.REDUCTION_CHAINS = 1 if off and switch in ("chains", "all") else _ORIGINAL[2]
     sibling_reductions.SiblingReductions.joined = (lambda *args: ([], [])) if off and \
         switch in ("siblings", "all") else _ORIGINAL[3]
+    prefetch.DISTANCE = 0 if off and switch in ("prefetch", "all") else _ORIGINAL[4]
+    prefetch.STORES = not (off and switch == "prefetch-stores")
 
 
 def _cases():

@@ -1,5 +1,6 @@
-"""Fewer sweeps over a program's tiles: reductions of the same rows run in one sweep
-(sibling_reductions.py), against torch, with the cases where they must not join."""
+"""Fewer and faster sweeps over a program's rows: reductions of the same rows run in one
+sweep (sibling_reductions.py), against torch, with the cases where they must not join;
+row-long accesses prefetch ahead (prefetch.py)."""
 
 from __future__ import annotations
 
@@ -153,3 +154,43 @@ def test_tutorial_layer_norm_backward_sums_in_one_sweep():
     torch.testing.assert_close(partial_dw.sum(0), (dy * xhat).sum(0), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(partial_db.sum(0), dy.sum(0), rtol=1e-4, atol=1e-4)
     assert joins == [1]
+
+
+# ---- prefetch ahead of row-long accesses (prefetch.py) --------------------------------------
+
+@triton.jit
+def scaled_rows(x_ptr, y_ptr, n, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=0.0)
+    total = tl.sum(x, axis=0)
+    tl.store(y_ptr + row * stride + cols, x * 2.0 + total, mask=cols < n)
+
+
+def _prefetches(llir: str) -> list[str]:
+    """The read/write flag of each prefetch call in the kernel's LLVM IR."""
+    calls = [line for line in llir.splitlines() if "call void @\"llvm.prefetch" in line]
+    return [call.split("i32")[1].strip(" ,") for call in calls]
+
+
+@pytest.mark.parametrize("n,block,rows", [(1000, 1024, 3), (613, 1024, 5), (2049, 4096, 2)])
+def test_row_long_accesses_prefetch_ahead_without_faults(n, block, rows):
+    """Rows of 4 KB and more: the load and the store prefetch ahead (read and write); the
+    last row's prefetches run past the tensor's end, which must neither fault nor trip the
+    bounds checks (debug=True), and the results stay exact."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(rows, n, generator=g)
+    y = torch.empty_like(x)
+    compiled = fresh(scaled_rows)[(rows,)](x, y, n, n, BLOCK=block, debug=True)
+    torch.testing.assert_close(y, x * 2.0 + x.sum(1, keepdim=True), rtol=1e-5, atol=1e-4)
+    flags = _prefetches(compiled.asm["llir"])
+    assert "0" in flags and "1" in flags
+
+
+def test_short_rows_do_not_prefetch():
+    """Rows of 512 bytes (matmul- and attention-sized tiles) are left to the hardware."""
+    x = torch.randn(4, 100)
+    y = torch.empty_like(x)
+    compiled = fresh(scaled_rows)[(4,)](x, y, 100, 100, BLOCK=128)
+    torch.testing.assert_close(y, x * 2.0 + x.sum(1, keepdim=True), rtol=1e-5, atol=1e-4)
+    assert _prefetches(compiled.asm["llir"]) == []

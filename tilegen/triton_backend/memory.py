@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import fused_loads
+from . import fused_loads, prefetch
 from .elementwise import (
     I1,
     I32,
@@ -114,6 +114,8 @@ def load(e, op) -> None:
         if contiguous:  # only the first lane's address is needed
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
+            if prefetch.row_long(result.type):
+                prefetch.ahead(e, address)
             raw = contiguous_read(address, lane_mask, passthru, vector_ty)
         else:
             chunk = e.load_chunk(addresses, index, width)
@@ -179,6 +181,8 @@ def fused_load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
     if lane_mask is None and not width:
         return _to_value(e, e.b.load(e.b.inttoptr(address, PTR), align=align,
                                      typ=_memory_type(elem)), elem)
+    if width and prefetch.row_long(op.result.type):
+        prefetch.ahead(e, address)
     raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
     if not width:
         raw = e.b.extract_element(raw, ir.Constant(I32, 0))
@@ -307,6 +311,8 @@ def store(e, op) -> None:
         if contiguous:
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
+            if prefetch.STORES and prefetch.row_long(value.type):
+                prefetch.ahead(e, address, write=True)
             vector_store(address, lane_mask, data, vector_ty)
             return
         chunk = e.load_chunk(addresses, index, width)
