@@ -194,3 +194,147 @@ def test_short_rows_do_not_prefetch():
     compiled = fresh(scaled_rows)[(4,)](x, y, 100, 100, BLOCK=128)
     torch.testing.assert_close(y, x * 2.0 + x.sum(1, keepdim=True), rtol=1e-5, atol=1e-4)
     assert _prefetches(compiled.asm["llir"]) == []
+
+
+# ---- stores of a branch's results emitted in the branches (branch_stores.py) ----------------
+
+@contextlib.contextmanager
+def counting_sunk_stores():
+    """How many stores each `scf.if` sank into its branches (launch `fresh(kernel)`)."""
+    from tilegen.triton_backend import branch_stores
+    found: list[int] = []
+    plan = branch_stores.plan
+
+    def spy(e, op):
+        sunk = plan(e, op)
+        found.append(len(sunk))
+        return sunk
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(branch_stores, "plan", spy)
+        patch.setattr(triton.knobs.compilation, "always_compile", True)
+        yield found
+
+
+@triton.jit
+def update_in_branches(p_ptr, q_ptr, x_ptr, flag_ptr, n, stride, shift, q_stride,
+                       BLOCK: tl.constexpr):
+    """Both branches yield two tiles, stored right after the `if` to P and to Q (Q may be P
+    shifted by `shift` elements in the same buffer); the else branch reads P and Q first."""
+    pid = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + pid * n + offsets, mask=mask, other=0.0)
+    p = p_ptr + pid * stride + offsets
+    q = q_ptr + pid * q_stride + shift + offsets
+    if tl.load(flag_ptr + pid) == 0:
+        a = x * 2.0
+        b = x + 1.0
+    else:
+        a = x + tl.load(p, mask=mask, other=0.0)
+        b = x * 3.0 + tl.load(q, mask=mask, other=0.0)
+    tl.store(p, a, mask=mask)
+    tl.store(q, b, mask=mask)
+
+
+def _update_reference(buffer, q_buffer, x, flags, n, stride, base, shift, q_stride, q_base):
+    """Program by program (their regions are apart), in program order: both loads before
+    either store, then P, then Q."""
+    for pid in range(x.shape[0]):
+        p_at = slice(base + pid * stride, base + pid * stride + n)
+        q_start = q_base + pid * q_stride + shift
+        q_at = slice(q_start, q_start + n)
+        if flags[pid] == 0:
+            a, b = x[pid] * 2.0, x[pid] + 1.0
+        else:
+            a, b = x[pid] + buffer[p_at], x[pid] * 3.0 + q_buffer[q_at]
+        buffer[p_at] = a
+        q_buffer[q_at] = b
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("shift", [0, 5, -5, -200, None])
+@pytest.mark.parametrize("n,block", [(37, 64), (1000, 1024)])
+def test_branch_results_stored_in_the_branches(monkeypatch, threads, shift, n, block):
+    """Q the same addresses as P (shift 0: the else branch's load of Q must see P before
+    the store to P), overlapping it either way, apart in the same buffer (-200, farther
+    than n for n = 37; overlapping for n = 1000), or another tensor (None)."""
+    monkeypatch.setenv("TILEGEN_NUM_THREADS", threads)
+    rows, pad = 5, 256
+    stride = n + 2 * pad  # each program's region, shifts included, is apart from the others
+    g = torch.Generator().manual_seed(n + (shift or 0))
+    x = torch.randn(rows, n, generator=g)
+    flags = torch.tensor([1, 0, 1, 1, 0], dtype=torch.int32)
+    buffer = torch.randn(rows * stride + 2 * pad, generator=g)
+    p_view = buffer[pad:]
+    if shift is None:
+        q_buffer = torch.randn(rows * n, generator=g)
+        q_view, q_shift, q_stride, q_base = q_buffer, 0, n, 0
+    else:
+        q_buffer, q_view, q_shift, q_stride, q_base = buffer, p_view, shift, stride, pad
+    expected = buffer.clone()
+    expected_q = q_buffer.clone() if shift is None else expected
+    _update_reference(expected, expected_q, x, flags, n, stride, pad, q_shift, q_stride,
+                      q_base)
+    with counting_sunk_stores() as sunk:
+        fresh(update_in_branches)[(rows,)](p_view, q_view, x, flags, n, stride, q_shift,
+                                           q_stride, BLOCK=block)
+    torch.testing.assert_close(buffer, expected, rtol=1e-6, atol=1e-6)
+    if shift is None:
+        torch.testing.assert_close(q_buffer, expected_q, rtol=1e-6, atol=1e-6)
+    assert sunk == [2]
+
+
+@triton.jit
+def branch_result_read_twice(p_ptr, x_ptr, n, BLOCK: tl.constexpr):
+    """A result read by a store and by a later op (or stored after another store): kept in
+    its slot."""
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    if n > 8:
+        a = x * 2.0
+    else:
+        a = x - 1.0
+    tl.store(p_ptr + offsets, a, mask=mask)
+    tl.store(p_ptr + n + offsets, a + 1.0, mask=mask)
+
+
+def test_branch_result_with_other_readers_keeps_its_slot():
+    x = torch.randn(37)
+    out = torch.zeros(74)
+    with counting_sunk_stores() as sunk:
+        fresh(branch_result_read_twice)[(1,)](out, x, 37, BLOCK=64)
+    torch.testing.assert_close(out, torch.cat([x * 2.0, x * 2.0 + 1.0]))
+    assert sunk == [0]
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+def test_tutorial_layer_norm_backward_lock_stores_in_its_branches(monkeypatch, threads):
+    """The tutorial's dW/dB partial sums under its `atomic_cas` lock, with more rows than
+    groups so that programs on different threads meet at one lock: exact partial sums,
+    both stores of each branch sunk."""
+    from tests.test_triton_tutorials_2 import _layer_norm_bwd_dx_fused
+    monkeypatch.setenv("TILEGEN_NUM_THREADS", threads)
+    rows, n, group = 61, 613, 3
+    g = torch.Generator().manual_seed(int(threads))
+    x, dy = torch.randn(rows, n, generator=g), torch.randn(rows, n, generator=g)
+    w = torch.rand(n, generator=g)
+    mean = x.mean(1)
+    rstd = 1 / torch.sqrt(x.var(1, unbiased=False) + 1e-5)
+    dx, locks = torch.empty_like(x), torch.zeros(2 * group, dtype=torch.int32)
+    partial_dw, partial_db = torch.full((group, n), 7.0), torch.full((group, n), 7.0)
+    with counting_sunk_stores() as sunk:
+        fresh(_layer_norm_bwd_dx_fused)[(rows,)](dx, dy, partial_dw, partial_db, x, w, mean,
+                                                 rstd, locks, x.stride(0), n,
+                                                 BLOCK_SIZE_N=1024, GROUP_SIZE_M=group)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    by_group = torch.arange(rows) % group
+    for lock in range(group):
+        rows_of = by_group == lock
+        torch.testing.assert_close(partial_dw[lock], (dy * xhat)[rows_of].sum(0),
+                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(partial_db[lock], dy[rows_of].sum(0), rtol=1e-4,
+                                   atol=1e-4)
+    assert torch.equal(locks[:group], torch.zeros(group, dtype=torch.int32))
+    assert torch.equal(locks[group:], torch.ones(group, dtype=torch.int32))
+    assert sunk == [2]

@@ -99,7 +99,7 @@ class LoadFusion:
         self.pending.clear()
 
 
-def _byte_range(e, pointer_value, pointer, type_):
+def byte_range(e, pointer_value, pointer, type_):
     """[low, high) of the bytes a contiguous access through `pointer` (a tile) may touch,
     or None when a stride is not known."""
     strides = e.axis_strides.get(pointer_value.id)
@@ -113,13 +113,13 @@ def _byte_range(e, pointer_value, pointer, type_):
             e.b.add(first, ir.Constant(I64, above + size)), first, strides)
 
 
-def _through_broadcast(value, load) -> bool:
+def through_broadcast(value, load) -> bool:
     """Whether `value` reads `load` through a broadcast (at other flat positions)."""
     if not hasattr(value, "kind") or value is load:
         return False
     if value.kind == "broadcast" and _reaches(value, load):
         return True
-    return any(_through_broadcast(operand, load) for operand in value.operands)
+    return any(through_broadcast(operand, load) for operand in value.operands)
 
 
 def _reaches(value, load) -> bool:
@@ -137,13 +137,13 @@ def guarded_store(e, op: Op, emit_store) -> None:
     pointer = e.env[pointer_value.id]
     # the same pointer tile read at the same flat positions: chunk i is read, then written
     loads = [load for load in loads
-             if load.operands[0] is not pointer or _through_broadcast(values, load)]
+             if load.operands[0] is not pointer or through_broadcast(values, load)]
     if not loads:
         emit_store(values)
         e.fusion.after_store()
         return
-    target = _byte_range(e, pointer_value, pointer, value.type)
-    sources = [_byte_range(e, load.op.operands[0], load.operands[0], load.op.result.type)
+    target = byte_range(e, pointer_value, pointer, value.type)
+    sources = [byte_range(e, load.op.operands[0], load.operands[0], load.op.result.type)
                for load in loads]
     if target is None or any(source is None for source in sources):
         emit_store(e.materialize(values))
@@ -156,7 +156,7 @@ def guarded_store(e, op: Op, emit_store) -> None:
         overlap = e.b.and_(e.b.icmp_unsigned("<", source_low, high),
                            e.b.icmp_unsigned("<", low, source_high))
         if source_strides == strides and load.op.result.type == value.type and \
-                not _through_broadcast(values, load):
+                not through_broadcast(values, load):
             # the same layout from the same address: chunk i is read, then written
             overlap = e.b.and_(overlap, e.b.icmp_unsigned("!=", source_first, first))
         hazard = e.b.or_(hazard, overlap)

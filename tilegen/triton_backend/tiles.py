@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import kloop, partials, sibling_reductions
+from . import branch_stores, kloop, partials, sibling_reductions
 from .elementwise import I32, I64, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType, element_bytes
 
@@ -512,18 +512,26 @@ def scf_for(e, op) -> None:
 
 def scf_if(e, op) -> None:
     condition = e.env[op.operands[0].id]
-    results = _Carried(e, [r.type for r in op.results])
+    # result tiles whose only reader is a store right after: stored by each branch
+    sunk = branch_stores.plan(e, op)
+    results = _Carried(e, [r.type for r in op.results], {position for position, _ in sunk})
     then_block, else_block = op.regions[0], op.regions[1] if len(op.regions) > 1 else None
     has_else = else_block is not None and else_block.ops
+
+    def finish(values):
+        results.assign(values)
+        branch_stores.emit(e, sunk, values)
     if has_else:
         with e.b.if_else(condition) as (then, otherwise):
             with then:
-                results.assign(e.block(then_block))
+                finish(e.block(then_block))
             with otherwise:
-                results.assign(e.block(else_block))
+                finish(e.block(else_block))
     else:
         with e.b.if_then(condition):
-            results.assign(e.block(then_block))
+            finish(e.block(then_block))
+    for _, store in sunk:
+        e.emitted_early.add(id(store))
     for result, value in zip(op.results, results.read(), strict=True):
         e.env[result.id] = value
 
