@@ -338,3 +338,42 @@ def test_tutorial_layer_norm_backward_lock_stores_in_its_branches(monkeypatch, t
     assert torch.equal(locks[:group], torch.zeros(group, dtype=torch.int32))
     assert torch.equal(locks[group:], torch.ones(group, dtype=torch.int32))
     assert sunk == [2]
+
+
+@triton.jit
+def looped_rows(x_ptr, y_ptr, rows, n, CASE: tl.constexpr, BLOCK: tl.constexpr):
+    """y = 2 x over rows of n: along each row in BLOCK steps (CASE 0), rows visited with
+    the number of programs as the step (1, the persistent softmax's order), or through a
+    carried pointer (2)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    if CASE == 0:
+        for off in range(0, n, BLOCK):
+            x = tl.load(x_ptr + pid * n + off + cols, mask=off + cols < n, other=0.0)
+            tl.store(y_ptr + pid * n + off + cols, x * 2.0, mask=off + cols < n)
+    elif CASE == 1:
+        for row in tl.range(pid, rows, tl.num_programs(0)):
+            x = tl.load(x_ptr + row * n + cols, mask=cols < n, other=0.0)
+            tl.store(y_ptr + row * n + cols, x * 2.0, mask=cols < n)
+    else:
+        p = x_ptr + pid * n + cols
+        q = y_ptr + pid * n + cols
+        for off in range(0, n, BLOCK):
+            x = tl.load(p, mask=off + cols < n, other=0.0)
+            tl.store(q, x * 2.0, mask=off + cols < n)
+            p += BLOCK
+            q += BLOCK
+
+
+@pytest.mark.parametrize("case,prefetches", [(0, True), (1, False), (2, False)])
+def test_loop_accesses_prefetch_only_the_next_trips_bytes(case, prefetches):
+    """In a loop, ahead is the next trip: prefetched when the address advances by the
+    tile's bytes per trip (a constant step), not for rows a runtime step apart or a carried
+    pointer. Rows of 2500 (several trips, the last one masked), 1000 for a row per trip."""
+    rows, n, block = 5, 1000 if case == 1 else 2500, 1024
+    grid = 2 if case == 1 else rows
+    x = torch.randn(rows, n)
+    y = torch.empty_like(x)
+    compiled = fresh(looped_rows)[(grid,)](x, y, rows, n, CASE=case, BLOCK=block)
+    torch.testing.assert_close(y, x * 2.0)
+    assert bool(_prefetches(compiled.asm["llir"])) == prefetches

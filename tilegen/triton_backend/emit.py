@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from . import bounds, fused_loads, memory, shapes, shared_fills, tiles
+from . import bounds, fused_loads, memory, prefetch, shapes, shared_fills, tiles
 from .analysis import axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
@@ -126,6 +126,7 @@ class ProgramEmitter:
         self.fusion = LoadFusion(program.body)
         self.fills = shared_fills.SharedFills(program.body, self.fusion)
         self.siblings = SiblingReductions(program.body)
+        self.streams = prefetch.Streams(program.body)  # accesses that prefetch ahead
         # ops already emitted at an earlier place (a reduction run in an earlier one's
         # sweep, sibling_reductions.py): nothing is emitted where they stand
         self.emitted_early: set[int] = set()

@@ -114,7 +114,7 @@ def load(e, op) -> None:
         if contiguous:  # only the first lane's address is needed
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
-            if prefetch.row_long(result.type):
+            if e.streams.streams(op, pointer, result.type):
                 prefetch.ahead(e, address)
             raw = contiguous_read(address, lane_mask, passthru, vector_ty)
         else:
@@ -181,7 +181,7 @@ def fused_load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
     if lane_mask is None and not width:
         return _to_value(e, e.b.load(e.b.inttoptr(address, PTR), align=align,
                                      typ=_memory_type(elem)), elem)
-    if width and prefetch.row_long(op.result.type):
+    if width and e.streams.streams(op, op.operands[0], op.result.type):
         prefetch.ahead(e, address)
     raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
     if not width:
@@ -327,7 +327,7 @@ def store_chunk_body(e, op):
         if contiguous:
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
-            if prefetch.STORES and prefetch.row_long(value.type):
+            if prefetch.STORES and e.streams.streams(op, pointer, value.type):
                 prefetch.ahead(e, address, write=True)
             vector_store(address, lane_mask, data, vector_ty)
             return
