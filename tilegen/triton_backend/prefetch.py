@@ -54,6 +54,7 @@ class Streams:
         self.loop_of: dict[int, Op] = {}  # id(op) -> its innermost enclosing scf.for/while
         self.definer: dict[int, Op] = {}
         self.inside: dict[int, set[int]] = {}  # id(loop) -> ids of the values defined in it
+        self._per_unit: dict[tuple[int, int], int | None] = {}
         self._index(body, None)
 
     def _index(self, block: Block, loop: Op | None) -> None:
@@ -96,6 +97,12 @@ class Streams:
     def _bytes_per_unit(self, value, loop: Op) -> int | None:
         """How many bytes (pointers) or units (integers) `value` moves per unit of the
         loop's induction variable; None when not affine with constant factors."""
+        key = (value.id, id(loop))
+        if key not in self._per_unit:  # values are shared: each is looked at once
+            self._per_unit[key] = self._compute_per_unit(value, loop)
+        return self._per_unit[key]
+
+    def _compute_per_unit(self, value, loop: Op) -> int | None:
         induction = loop.regions[0].args[0]
         if value.id == induction.id:
             return 1
