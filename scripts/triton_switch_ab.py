@@ -10,8 +10,9 @@ thread with TILEGEN_NUM_THREADS=1 (so a descheduled thread costs nothing).
     TRITON_ALWAYS_COMPILE=1 TILEGEN_NUM_THREADS=1 python scripts/triton_switch_ab.py partials
 
 Switches: fills (shared_fills.py), partials (partials.py), chains (tiles.REDUCTION_CHAINS),
-all. Prints, per kernel, the minimum with the switch off and on and their ratio (> 1: the
-switch helps), and the ratio of the medians.
+siblings (sibling_reductions.py), prefetch (prefetch.py), prefetch-stores (its stores only),
+branch-stores (branch_stores.py), all. Prints, per kernel, the minimum with the switch off
+and on and their ratio (> 1: the switch helps), and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ import torch
 import triton
 
 import tilegen.triton_backend
-from tilegen.triton_backend import partials, shared_fills, tiles
+from tilegen.triton_backend import (
+    branch_stores,
+    partials,
+    prefetch,
+    shared_fills,
+    sibling_reductions,
+    tiles,
+)
 
 tilegen.triton_backend.register()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -41,7 +49,9 @@ from tests.test_triton_tutorials_2 import (  # noqa: E402
     _layer_norm_bwd_dx_fused,
 )
 
-_ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS)
+_ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS,
+             sibling_reductions.SiblingReductions.joined, prefetch.DISTANCE,
+             branch_stores.plan)
 
 
 def _set(switch: str, on: bool) -> None:
@@ -51,6 +61,12 @@ def _set(switch: str, on: bool) -> None:
     partials.plan = (lambda e, loop: {}) if off and switch in ("partials", "all") \
         else _ORIGINAL[1]
     tiles.REDUCTION_CHAINS = 1 if off and switch in ("chains", "all") else _ORIGINAL[2]
+    sibling_reductions.SiblingReductions.joined = (lambda *args: ([], [])) if off and \
+        switch in ("siblings", "all") else _ORIGINAL[3]
+    prefetch.DISTANCE = 0 if off and switch in ("prefetch", "all") else _ORIGINAL[4]
+    prefetch.STORES = not (off and switch == "prefetch-stores")
+    branch_stores.plan = (lambda e, op: []) if off and switch in ("branch-stores", "all") \
+        else _ORIGINAL[5]
 
 
 def _cases():
@@ -58,7 +74,8 @@ def _cases():
     x, dy = torch.randn(rows, cols), torch.randn(rows, cols)
     y, dx = torch.empty_like(x), torch.empty_like(x)
     w, b = torch.rand(cols), torch.rand(cols)
-    mean, rstd = torch.empty(rows), torch.empty(rows)
+    # the backward reads the forward's statistics: real ones (garbage may be denormal)
+    mean, rstd = x.mean(1), 1 / torch.sqrt(x.var(1, unbiased=False) + 1e-5)
     locks = torch.zeros(2 * group, dtype=torch.int32)
     partial_dw, partial_db = torch.zeros(group, cols), torch.zeros(group, cols)
     final_dw, final_db = torch.empty(cols), torch.empty(cols)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from . import bounds, fused_loads, memory, shapes, shared_fills, tiles
+from . import bounds, fused_loads, memory, prefetch, shapes, shared_fills, tiles
 from .analysis import axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
@@ -39,6 +39,7 @@ from .elementwise import (
     storage_type,
 )
 from .fused_loads import LoadFusion
+from .sibling_reductions import SiblingReductions
 from .tileir import Block, Op, Program, TileError, TileType, Value, element_bytes, walk
 
 CHUNK = 16  # lanes of a vector chunk (one AVX-512 register of f32)
@@ -124,6 +125,11 @@ class ProgramEmitter:
         self.launch_resets: list[int] = []  # frame offsets of i64s zeroed at each launch
         self.fusion = LoadFusion(program.body)
         self.fills = shared_fills.SharedFills(program.body, self.fusion)
+        self.siblings = SiblingReductions(program.body)
+        self.streams = prefetch.Streams(program.body)  # accesses that prefetch ahead
+        # ops already emitted at an earlier place (a reduction run in an earlier one's
+        # sweep, sibling_reductions.py): nothing is emitted where they stand
+        self.emitted_early: set[int] = set()
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
@@ -183,6 +189,8 @@ class ProgramEmitter:
 
     def op(self, op: Op) -> None:
         name = op.name
+        if id(op) in self.emitted_early:
+            return
         self.current_op = op
         try:
             self.fusion.settle(self, op)

@@ -29,7 +29,7 @@ from .tileir import Op, element_bytes, walk
 # Readers whose evaluation of a lazy load happens at their own place in the program.
 _READERS = ("tt.store", "tt.reduce", "tt.expand_dims", "tt.reshape", "tt.broadcast")
 # Ops before which unread lazy loads that are still needed are stored.
-_BARRIERS = ("tt.store", "tt.atomic_rmw", "tt.atomic_cas", "scf.for", "scf.while", "scf.if")
+BARRIERS = ("tt.store", "tt.atomic_rmw", "tt.atomic_cas", "scf.for", "scf.while", "scf.if")
 LOAD_COST = 2
 MAX_READERS = 3
 
@@ -87,7 +87,7 @@ class LoadFusion:
     def settle(self, e, op: Op) -> None:
         """Before `op` (a barrier): store every value still needed after it that reads an
         unread lazy load. A store's own operands are left to `guarded_store`."""
-        if not self.pending or op.name not in _BARRIERS:
+        if not self.pending or op.name not in BARRIERS:
             return
         here = self.position[id(op)]
         own = {value.id for value in op.operands} if op.name == "tt.store" else set()
@@ -103,7 +103,7 @@ class LoadFusion:
         self.pending.clear()
 
 
-def _byte_range(e, pointer_value, pointer, type_):
+def byte_range(e, pointer_value, pointer, type_):
     """[low, high) of the bytes a contiguous access through `pointer` (a tile) may touch,
     or None when a stride is not known."""
     strides = e.axis_strides.get(pointer_value.id)
@@ -117,13 +117,13 @@ def _byte_range(e, pointer_value, pointer, type_):
             e.b.add(first, ir.Constant(I64, above + size)), first, strides)
 
 
-def _through_broadcast(value, load) -> bool:
+def through_broadcast(value, load) -> bool:
     """Whether `value` reads `load` through a broadcast (at other flat positions)."""
     if not hasattr(value, "kind") or value is load:
         return False
     if value.kind == "broadcast" and _reaches(value, load):
         return True
-    return any(_through_broadcast(operand, load) for operand in value.operands)
+    return any(through_broadcast(operand, load) for operand in value.operands)
 
 
 def _reaches(value, load) -> bool:
@@ -141,13 +141,13 @@ def guarded_store(e, op: Op, emit_store) -> None:
     pointer = e.env[pointer_value.id]
     # the same pointer tile read at the same flat positions: chunk i is read, then written
     loads = [load for load in loads
-             if load.operands[0] is not pointer or _through_broadcast(values, load)]
+             if load.operands[0] is not pointer or through_broadcast(values, load)]
     if not loads:
         emit_store(values)
         e.fusion.after_store()
         return
-    target = _byte_range(e, pointer_value, pointer, value.type)
-    sources = [_byte_range(e, load.op.operands[0], load.operands[0], load.op.result.type)
+    target = byte_range(e, pointer_value, pointer, value.type)
+    sources = [byte_range(e, load.op.operands[0], load.operands[0], load.op.result.type)
                for load in loads]
     if target is None or any(source is None for source in sources):
         emit_store(e.materialize(values))
@@ -160,7 +160,7 @@ def guarded_store(e, op: Op, emit_store) -> None:
         overlap = e.b.and_(e.b.icmp_unsigned("<", source_low, high),
                            e.b.icmp_unsigned("<", low, source_high))
         if source_strides == strides and load.op.result.type == value.type and \
-                not _through_broadcast(values, load):
+                not through_broadcast(values, load):
             # the same layout from the same address: chunk i is read, then written
             overlap = e.b.and_(overlap, e.b.icmp_unsigned("!=", source_first, first))
         hazard = e.b.or_(hazard, overlap)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import fused_loads
+from . import fused_loads, prefetch
 from .elementwise import (
     I1,
     I32,
@@ -114,6 +114,8 @@ def load(e, op) -> None:
         if contiguous:  # only the first lane's address is needed
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
+            if e.streams.streams(op, pointer, result.type):
+                prefetch.ahead(e, address)
             raw = contiguous_read(address, lane_mask, passthru, vector_ty)
         else:
             chunk = e.load_chunk(addresses, index, width)
@@ -179,6 +181,8 @@ def fused_load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
     if lane_mask is None and not width:
         return _to_value(e, e.b.load(e.b.inttoptr(address, PTR), align=align,
                                      typ=_memory_type(elem)), elem)
+    if width and e.streams.streams(op, op.operands[0], op.result.type):
+        prefetch.ahead(e, address)
     raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
     if not width:
         raw = e.b.extract_element(raw, ir.Constant(I32, 0))
@@ -261,21 +265,37 @@ def _scalar_load(e, op, pointer, mask, other, memory_ty, align) -> ir.Value:
 
 
 def store(e, op) -> None:
+    value = op.operands[1]
+    if not value.type.shape:
+        _scalar_store(e, op)
+        return
+    body = store_chunk_body(e, op)
+    fused_loads.guarded_store(e, op, lambda values: e.chunks(
+        value.type, lambda index, width: body(values, index, width)))
+
+
+def _scalar_store(e, op) -> None:
+    pointer, value, mask = (list(op.operands) + [None])[:3]
+    elem = value.type.elem
+    align = element_bytes(elem)
+    address = e.env[pointer.id]
+    data = _to_memory(e, e.env[value.id], elem)
+    if mask is None:
+        e.check_bounds(op, address, None, 0, align)
+        e.b.store(data, e.b.inttoptr(address, PTR), align=align)
+    else:
+        with e.b.if_then(e.env[mask.id]):
+            e.check_bounds(op, address, None, 0, align)
+            e.b.store(data, e.b.inttoptr(address, PTR), align=align)
+
+
+def store_chunk_body(e, op):
+    """body(values, index, width): the store of a tile's chunk at flat `index`, its data
+    read from `values` (the stored value's lazy or tile)."""
     pointer, value, mask = (list(op.operands) + [None])[:3]
     elem = value.type.elem
     memory_ty = _memory_type(elem)
     align = element_bytes(elem)
-    if not value.type.shape:
-        address = e.env[pointer.id]
-        data = _to_memory(e, e.env[value.id], elem)
-        if mask is None:
-            e.check_bounds(op, address, None, 0, align)
-            e.b.store(data, e.b.inttoptr(address, PTR), align=align)
-        else:
-            with e.b.if_then(e.env[mask.id]):
-                e.check_bounds(op, address, None, 0, align)
-                e.b.store(data, e.b.inttoptr(address, PTR), align=align)
-        return
     stride = e.strides.get(pointer.id)
     contiguous = stride == align
     dynamic = stride is None and chunk_width(value.type) >= 4
@@ -307,6 +327,8 @@ def store(e, op) -> None:
         if contiguous:
             address = e.load_chunk(addresses, index, 0)
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
+            if prefetch.STORES and e.streams.streams(op, pointer, value.type):
+                prefetch.ahead(e, address, write=True)
             vector_store(address, lane_mask, data, vector_ty)
             return
         chunk = e.load_chunk(addresses, index, width)
@@ -320,9 +342,7 @@ def store(e, op) -> None:
                     scatter(chunk, lane_mask, data, vector_ty, width)
         else:
             scatter(chunk, lane_mask, data, vector_ty, width)
-
-    fused_loads.guarded_store(e, op, lambda values: e.chunks(
-        value.type, lambda index, width: body(values, index, width)))
+    return body
 
 
 def atomic_rmw(e, op) -> None:

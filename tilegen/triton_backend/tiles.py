@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import dot_operands, kloop, partials
+from . import branch_stores, dot_operands, kloop, partials, sibling_reductions
 from .elementwise import I32, I64, PTR, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType, element_bytes
 
@@ -74,6 +74,7 @@ def reduce(e, op) -> None:
     scalar_result = not op.results[0].type.shape
     outs = [None if scalar_result else e.alloc(r.type) for r in op.results]
     finals: list = []
+    results = list(op.results)
 
     def combine(accs, values):
         return e.region(region, accs + values)
@@ -96,6 +97,19 @@ def reduce(e, op) -> None:
         e.loop(outer, lambda o: e.loop(inner // width, lambda c: group(o, c)))
     else:
         width = min(16, extent)
+        # later reductions of the same rows run in this sweep (sibling_reductions.py)
+        joined, hoisted = e.siblings.joined(e, op, shape)
+        for early in hoisted:  # pure ops computing their operands
+            e.op(early)
+            e.emitted_early.add(id(early))
+        e.current_op = op
+        if joined:
+            sources += [e.env[v.id] for later in joined for v in later.operands]
+            outs += [None if scalar_result else e.alloc(r.type)
+                     for later in joined for r in later.results]
+            combine = sibling_reductions.combine_all(e, [op, *joined])
+            for later in joined:
+                e.fills.begin(e, later)
 
         def row(o):
             total = fold_lanes(e, fold_row(e, sources, e.b.mul(o, _const(extent)), extent,
@@ -110,7 +124,11 @@ def reduce(e, op) -> None:
             row(_const(0))
         else:
             e.loop(outer, row)
-    for number, result in enumerate(op.results):
+        for later in joined:
+            e.fills.end(e, later)
+            e.emitted_early.add(id(later))
+        results = [r for reduction in (op, *joined) for r in reduction.results]
+    for number, result in enumerate(results):
         e.env[result.id] = finals[number] if scalar_result else outs[number]
 
 
@@ -507,18 +525,26 @@ def scf_for(e, op) -> None:
 
 def scf_if(e, op) -> None:
     condition = e.env[op.operands[0].id]
-    results = _Carried(e, [r.type for r in op.results])
+    # result tiles whose only reader is a store right after: stored by each branch
+    sunk = branch_stores.plan(e, op)
+    results = _Carried(e, [r.type for r in op.results], {position for position, _ in sunk})
     then_block, else_block = op.regions[0], op.regions[1] if len(op.regions) > 1 else None
     has_else = else_block is not None and else_block.ops
+
+    def finish(values):
+        results.assign(values)
+        branch_stores.emit(e, sunk, values)
     if has_else:
         with e.b.if_else(condition) as (then, otherwise):
             with then:
-                results.assign(e.block(then_block))
+                finish(e.block(then_block))
             with otherwise:
-                results.assign(e.block(else_block))
+                finish(e.block(else_block))
     else:
         with e.b.if_then(condition):
-            results.assign(e.block(then_block))
+            finish(e.block(then_block))
+    for _, store in sunk:
+        e.emitted_early.add(id(store))
     for result, value in zip(op.results, results.read(), strict=True):
         e.env[result.id] = value
 
