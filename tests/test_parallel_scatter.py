@@ -57,6 +57,17 @@ def test_dependence_test(body, var, expected):
     assert independent(_nest(body), var) is expected
 
 
+def test_enclosing_loops_bound_the_index_ranges():
+    """An inner loop whose stores are apart only through the range of an enclosing loop's
+    variable: parts of a split stored at 32 q + r and at 32 q + r + 768, with q < 12."""
+    body = ("for q in 0..12 { for r in 0..32 { x[((q * 32) + r)] = 1.0:f32\n "
+            "x[(((q * 32) + r) + 768)] = 2.0:f32 } }")
+    inner = _nest(body).body[0]
+    assert independent(inner, "r") is False  # q's range unknown: 32 q + r' + 768 may meet
+    assert independent(inner, "r", {"q": 12}) is True
+    assert independent(inner, "r", {"q": 30}) is False  # 32 * 29 reaches past 768
+
+
 def _scatter_source(positions: int, width: int, rows: int) -> str:
     return (f"fn f(u: Tensor[F32, [{positions}, {width}], @host], "
             f"ids: Tensor[I64, [{positions}], @host]) -> Tensor[F32, [{rows}, {width}], @host] "

@@ -82,15 +82,22 @@ def nest_accesses(stmt: L.Stmt) -> NestAccesses:
     return NestAccesses(tuple(accesses), extents, opaque)
 
 
-def independent(nest: L.Stmt, var: str) -> bool:
+def independent(nest: L.Stmt, var: str, enclosing: dict[str, int] | None = None) -> bool:
     """No two iterations of the loop over `var` (a loop inside `nest`, or `nest` itself)
     touch one element with a write, counting every access anywhere in `nest`: the loop can
-    run in parallel, and be moved outside the loops of `nest` that enclose it."""
+    run in parallel, and be moved outside the loops of `nest` that enclose it.
+
+    `enclosing` gives the extents of loops around `nest`. Both iterations of a pair see the
+    same values of those, so they are not renamed; their ranges only help prove two
+    accesses apart (a bf16x3 split's parts at `32 * q + r` and `32 * q + r + 768` with
+    q < 12 lie in disjoint column ranges)."""
     found = nest_accesses(nest)
     if found.opaque or var not in found.extents:
         return False
     renamed: dict[str, L.Expr] = {name: L.Var(name + _OTHER) for name in found.extents}
-    extents = dict(found.extents)
+    extents = {name: extent for name, extent in (enclosing or {}).items()
+               if name not in found.extents}
+    extents.update(found.extents)
     extents.update({name + _OTHER: extent for name, extent in found.extents.items()})
     accesses = found.accesses
     for position, first in enumerate(accesses):

@@ -99,13 +99,14 @@ def live_ranges(kernel: L.Kernel) -> dict[str, tuple[int, int]]:
     """For each buffer touched, the first and last top-level statement touching it."""
     ranges: dict[str, tuple[int, int]] = {}
     for position, stmt in enumerate(kernel.body):
-        for name in _touched(stmt):
+        for name in touched_buffers(stmt):
             first, _ = ranges.get(name, (position, position))
             ranges[name] = (first, position)
     return ranges
 
 
-def _touched(stmt: L.Stmt) -> set[str]:
+def touched_buffers(stmt: L.Stmt) -> set[str]:
+    """Every buffer `stmt` reads or writes."""
     names: set[str] = set()
     exprs: list[L.Expr] = []
     for node in L.statements([stmt]):

@@ -220,7 +220,7 @@ class _Verifier:
         self.stmt = loop
         split = loop.kind == L.LoopKind.VECTOR or (loop.kind == L.LoopKind.PARALLEL and
                                                    loop.width > 1)
-        if split and not independent(loop, loop.var.name):
+        if split and not independent(loop, loop.var.name, self.scope.extents()):
             raise self.fail(f"the iterations of {loop.kind} loop {loop.var.name!r} may touch "
                             f"one element, one of them writing (tilegen/dependence.py)")
 

@@ -36,6 +36,7 @@ from .gemm_small import emit_any_gemm
 from .loopir_verify import verify_kernel
 from .lower import TileChooser, lower_function
 from .parallel import emit_parallel, thread_state_global
+from .producer_fusion import fuse_producers_pass
 from .rowscale import defer_row_scaling
 from .schedule import parallelize_pass, thread_interchange_pass, vectorize_pass
 from .shared import SharedStatements
@@ -46,6 +47,7 @@ from .vecmath import MathLibrary
 # Loop-IR passes, in order; each maps (kernel, options) to a kernel.
 SCHEDULE_PASSES = (
     ("fission", lambda kernel, options: fission_pass(kernel, options.target)),
+    ("fuse-producers", lambda kernel, options: fuse_producers_pass(kernel, options.target)),
     ("defer-row-scaling", lambda kernel, options: defer_row_scaling(kernel)),
     ("split-divided-loops", lambda kernel, options: split_divided_loops_pass(kernel,
                                                                        options.target)),
