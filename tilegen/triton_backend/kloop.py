@@ -16,7 +16,9 @@ into a packed A (rows x KC, row-major) and its `b` into packed B panels (KC x nr
 converted to the accumulator type on the way; a load read only by the dot stores its
 chunks there itself), and every `group` trips, and once after
 the loop, the micro-kernel runs over the packed depth with its accumulators in registers
-(KC = `group` x BLOCK_K, about 256 as tilegen's gemm's kc). Nothing can observe the
+(KC = `group` x BLOCK_K: at most 256 as tilegen's gemm's kc, and no more than keeps one
+packed B panel, KC x nr, at 32 KB, so it stays in L1 while the flush runs every row block
+of `a` against it: 128 for the 6 x 64 register block). Nothing can observe the
 accumulator between flushes: the loop's result is read only after the final flush.
 """
 
@@ -30,7 +32,21 @@ from . import panel_cache
 from .tileir import FLOAT_ELEMS, Op, TileType, element_bytes
 
 I64 = ir.IntType(64)
-DEPTH = 256  # the packed K depth of one flush (tilegen's gemm uses kc = 256)
+DEPTH = 256  # the packed K depth of one flush at most (tilegen's gemm uses kc = 256)
+PANEL_BYTES = 32 * 1024  # one packed B panel (kc x nr), kept in L1 over a flush's row blocks
+
+
+def register_block(m: int, n: int, lanes: int, registers: int) -> tuple[int, int]:
+    """(nr, mr) of the micro-kernel's register block for a dot of an m x n tile (`lanes`
+    per vector, `registers` vector registers). With 32 registers and n spanning four
+    vectors, 6 x 4 vectors (tilegen's gemm's register rule: three quarters of the registers
+    hold accumulators; 4 B loads and 6 broadcasts per 24 FMAs, against 2 and 8 per 16 for
+    8 x 2 vectors); else 8 x 2 or 16 x 1 vectors."""
+    if n >= 4 * lanes and registers >= 32:
+        return 4 * lanes, min(m, registers * 3 // 4 // 4)
+    if n > lanes:
+        return 2 * lanes, min(m, 8)
+    return lanes, min(m, 16)
 
 
 def _const(value: int) -> ir.Constant:
@@ -130,10 +146,11 @@ def start(e, loop: Op, op: Op, accumulator, context=None) -> DeferredDot:
     m, depth = a_value.type.shape
     n = b_value.type.shape[-1]
     elem = op.result.type.elem
-    lanes = host_target().lanes("f32" if elem == "f32" else "f64")
-    nr = 2 * lanes if n > lanes else lanes
-    mr = min(m, 8 if nr == 2 * lanes else 16)
-    group = max(1, DEPTH // depth)
+    target = host_target()
+    nr, mr = register_block(m, n, target.lanes("f32" if elem == "f32" else "f64"),
+                            target.vector_registers)
+    kc = min(DEPTH, PANEL_BYTES // (nr * element_bytes(elem)))
+    group = max(1, kc // depth)
     panels = -(-n // nr)
     pack_a = e.alloc(TileType(elem, (m, group * depth)))
     slots, bounds, advancing = context if context is not None else ((), (), {})
