@@ -175,6 +175,34 @@ def test_four_vector_register_blocks(m, n, k, block_m, block_n, block_k, dtype):
         f"{max(128, block_k)}" in compiled.asm["llir"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_loads_converted_into_the_packs(monkeypatch, dtype):
+    """f16 and bf16 loads read only by a deferred dot are converted to f32 as they are
+    stored into the packs (no tile of their own); odd sizes, masks on every edge."""
+    seen = []
+    packed_loads = kloop._packed_loads
+
+    def spy(e, loop, op):
+        found = packed_loads(e, loop, op)
+        seen.append(sorted(value.type.elem for value in found))
+        return found
+
+    monkeypatch.setattr(kloop, "_packed_loads", spy)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    m, n, k = 45, 131, 203
+    generator = torch.Generator().manual_seed(3)
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    out = torch.full((m, n), 7.0)
+    grid = (triton.cdiv(m, 32), triton.cdiv(n, 64))
+    k_loop_matmul[grid](a, b, out, out, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+                        b.stride(1), BM=32, BN=64, BK=32, BIAS=False, OUT_F64=False)
+    expected = a.double() @ b.double()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=2e-3)
+    name = "f16" if dtype == torch.float16 else "bf16"
+    assert seen == [[name, name]]
+
+
 @triton.jit
 def carried_tiles(x_ptr, out_ptr, steps, BLOCK: tl.constexpr):
     r = tl.arange(0, BLOCK)

@@ -14,7 +14,7 @@ L1) every step. When the loop-carried accumulator is read by nothing but that do
 dot's result by nothing but the yield, the dot is deferred: each trip copies its `a`
 into a packed A (rows x KC, row-major) and its `b` into packed B panels (KC x nr each,
 converted to the accumulator type on the way; a load read only by the dot stores its
-chunks there itself), and every `group` trips, and once after
+chunks there itself, converted as it goes), and every `group` trips, and once after
 the loop, the micro-kernel runs over the packed depth with its accumulators in registers
 (KC = `group` x BLOCK_K: at most 256 as tilegen's gemm's kc, and no more than keeps one
 packed B panel, KC x nr, at 32 KB, so it stays in L1 while the flush runs every row block
@@ -175,15 +175,16 @@ def start(e, loop: Op, op: Op, accumulator, context=None) -> DeferredDot:
 
 
 def _packed_loads(e, loop: Op, op: Op) -> list:
-    """The dot's operands that are loads in the loop body read by nothing but the dot,
-    already of the accumulator's type: their chunks are stored straight into the packs."""
+    """The dot's operands that are loads in the loop body read by nothing but the dot:
+    their chunks are stored straight into the packs (f16/bf16 converted to the
+    accumulator's type on the way), with no tile of their own."""
     defined = {result.id: body_op for body_op in loop.regions[0].ops
                for result in body_op.results}
     found = []
     for operand in op.operands[:2]:  # (dot(x, x) reads x twice: not a single reader)
         source = defined.get(operand.id)
         if source is not None and source.name == "tt.load" and \
-                e.uses.get(operand.id) == 1 and operand.type.elem == op.result.type.elem:
+                e.uses.get(operand.id) == 1:
             found.append(operand)
     return found
 
@@ -195,8 +196,12 @@ def _sink(e, plan: DeferredDot, is_a: bool):
     depth = a_value.type.shape[1]
     n = b_value.type.shape[-1]
     kc = plan.group * depth
+    source = (a_value if is_a else b_value).type.elem
+    elem = plan.op.result.type.elem
 
     def store(index, chunk):
+        if source != elem:
+            chunk = e.ew.emit(e.b, "arith.extf", (), [chunk], [source], elem)
         column0 = e.b.mul(e.b.load(plan.counter), _const(depth))
         if is_a:
             row, column = e.b.udiv(index, _const(depth)), e.b.urem(index, _const(depth))
