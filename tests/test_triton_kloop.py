@@ -107,7 +107,8 @@ def test_advancing_pointer_tile_inside_and_after_the_loop(steps, stride):
 
 def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
     """The tutorial's loop advances both pointer tiles uniformly, its dot is deferred over
-    256-deep packed groups (8 trips of BLOCK_SIZE_K = 32), and its loads fill the packs."""
+    128-deep packed groups (4 trips of BLOCK_SIZE_K = 32) in 6 x 64 register blocks, and its
+    loads fill the packs."""
     seen = {"advancing": [], "deferred": [], "packed loads": []}
     advancing, deferrable = kloop.advancing_pointers, kloop.deferrable_dots
     packed_loads = kloop._packed_loads
@@ -141,7 +142,65 @@ def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
     torch.testing.assert_close(c.float(), (a @ b).half().float(), rtol=2e-3, atol=2e-3)
     assert seen["advancing"] == [[0, 1]] and seen["deferred"] == [1]
     assert seen["packed loads"] == [2]  # a and b are loaded straight into the packs
-    assert "tilegen.gemm.f32.8x32.s256" in compiled.asm["llir"]
+    assert "tilegen.gemm.f32.6x64.s128" in compiled.asm["llir"]
+
+
+@pytest.mark.parametrize("m,n,k,block_m,block_n,block_k,dtype", [
+    (130, 200, 333, 128, 128, 32, "f32"),  # 21 six-row blocks and 2 rows left, 3 programs
+    (45, 77, 129, 16, 64, 16, "f16"),  # 6 + 6 + 4 rows; 9 trips: 2 groups and 1 trip
+    (37, 129, 97, 32, 128, 64, "bf16"),  # 2 trips in one group: flushed after the loop
+    (50, 70, 61, 64, 64, 32, "f64"),  # f64: 6 x 32, 8 lanes a vector
+    (7, 300, 700, 8, 256, 16, "f32"),  # four 64-wide panels, 44 trips: 11 groups
+])
+def test_four_vector_register_blocks(m, n, k, block_m, block_n, block_k, dtype):
+    """A deferred dot whose tile spans four vectors runs 6 x 4-vector register blocks over
+    a depth that keeps a B panel at 32 KB (128 for f32, 128 for f64's 32 columns), the rows
+    past the last whole 6-row block in one block of their own; masks on every edge."""
+    torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+                   "f64": torch.float32}[dtype]
+    generator = torch.Generator().manual_seed(m * 1000 + n + k)
+    a = torch.randn(m, k, generator=generator).to(torch_dtype)
+    b = torch.randn(k, n, generator=generator).to(torch_dtype)
+    bias = torch.randn(m, n, generator=generator)
+    out = torch.full((m, n), 7.0)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    compiled = k_loop_matmul[grid](a, b, out, bias, m, n, k, a.stride(0), a.stride(1),
+                                   b.stride(0), b.stride(1), BM=block_m, BN=block_n,
+                                   BK=block_k, BIAS=True, OUT_F64=dtype == "f64")
+    expected = a.double() @ b.double() + bias.double()
+    tolerance = 1e-6 if dtype == "f64" else 1e-4 * (1 + k ** 0.5)
+    torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance)
+    rows, columns = min(block_m, 6), 32 if dtype == "f64" else 64
+    assert f"tilegen.gemm.{'f64' if dtype == 'f64' else 'f32'}.{rows}x{columns}.s" \
+        f"{max(128, block_k)}" in compiled.asm["llir"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_loads_converted_into_the_packs(monkeypatch, dtype):
+    """f16 and bf16 loads read only by a deferred dot are converted to f32 as they are
+    stored into the packs (no tile of their own); odd sizes, masks on every edge."""
+    seen = []
+    packed_loads = kloop._packed_loads
+
+    def spy(e, loop, op):
+        found = packed_loads(e, loop, op)
+        seen.append(sorted(value.type.elem for value in found))
+        return found
+
+    monkeypatch.setattr(kloop, "_packed_loads", spy)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    m, n, k = 45, 131, 203
+    generator = torch.Generator().manual_seed(3)
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    out = torch.full((m, n), 7.0)
+    grid = (triton.cdiv(m, 32), triton.cdiv(n, 64))
+    k_loop_matmul[grid](a, b, out, out, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+                        b.stride(1), BM=32, BN=64, BK=32, BIAS=False, OUT_F64=False)
+    expected = a.double() @ b.double()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=2e-3)
+    name = "f16" if dtype == torch.float16 else "bf16"
+    assert seen == [[name, name]]
 
 
 @triton.jit

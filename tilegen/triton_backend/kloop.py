@@ -14,9 +14,11 @@ L1) every step. When the loop-carried accumulator is read by nothing but that do
 dot's result by nothing but the yield, the dot is deferred: each trip copies its `a`
 into a packed A (rows x KC, row-major) and its `b` into packed B panels (KC x nr each,
 converted to the accumulator type on the way; a load read only by the dot stores its
-chunks there itself), and every `group` trips, and once after
+chunks there itself, converted as it goes), and every `group` trips, and once after
 the loop, the micro-kernel runs over the packed depth with its accumulators in registers
-(KC = `group` x BLOCK_K, about 256 as tilegen's gemm's kc). Nothing can observe the
+(KC = `group` x BLOCK_K: at most 256 as tilegen's gemm's kc, and no more than keeps one
+packed B panel, KC x nr, at 32 KB, so it stays in L1 while the flush runs every row block
+of `a` against it: 128 for the 6 x 64 register block). Nothing can observe the
 accumulator between flushes: the loop's result is read only after the final flush.
 """
 
@@ -30,7 +32,21 @@ from . import panel_cache
 from .tileir import FLOAT_ELEMS, Op, TileType, element_bytes
 
 I64 = ir.IntType(64)
-DEPTH = 256  # the packed K depth of one flush (tilegen's gemm uses kc = 256)
+DEPTH = 256  # the packed K depth of one flush at most (tilegen's gemm uses kc = 256)
+PANEL_BYTES = 32 * 1024  # one packed B panel (kc x nr), kept in L1 over a flush's row blocks
+
+
+def register_block(m: int, n: int, lanes: int, registers: int) -> tuple[int, int]:
+    """(nr, mr) of the micro-kernel's register block for a dot of an m x n tile (`lanes`
+    per vector, `registers` vector registers). With 32 registers and n spanning four
+    vectors, 6 x 4 vectors (tilegen's gemm's register rule: three quarters of the registers
+    hold accumulators; 4 B loads and 6 broadcasts per 24 FMAs, against 2 and 8 per 16 for
+    8 x 2 vectors); else 8 x 2 or 16 x 1 vectors."""
+    if n >= 4 * lanes and registers >= 32:
+        return 4 * lanes, min(m, registers * 3 // 4 // 4)
+    if n > lanes:
+        return 2 * lanes, min(m, 8)
+    return lanes, min(m, 16)
 
 
 def _const(value: int) -> ir.Constant:
@@ -130,10 +146,11 @@ def start(e, loop: Op, op: Op, accumulator, context=None) -> DeferredDot:
     m, depth = a_value.type.shape
     n = b_value.type.shape[-1]
     elem = op.result.type.elem
-    lanes = host_target().lanes("f32" if elem == "f32" else "f64")
-    nr = 2 * lanes if n > lanes else lanes
-    mr = min(m, 8 if nr == 2 * lanes else 16)
-    group = max(1, DEPTH // depth)
+    target = host_target()
+    nr, mr = register_block(m, n, target.lanes("f32" if elem == "f32" else "f64"),
+                            target.vector_registers)
+    kc = min(DEPTH, PANEL_BYTES // (nr * element_bytes(elem)))
+    group = max(1, kc // depth)
     panels = -(-n // nr)
     pack_a = e.alloc(TileType(elem, (m, group * depth)))
     slots, bounds, advancing = context if context is not None else ((), (), {})
@@ -158,15 +175,16 @@ def start(e, loop: Op, op: Op, accumulator, context=None) -> DeferredDot:
 
 
 def _packed_loads(e, loop: Op, op: Op) -> list:
-    """The dot's operands that are loads in the loop body read by nothing but the dot,
-    already of the accumulator's type: their chunks are stored straight into the packs."""
+    """The dot's operands that are loads in the loop body read by nothing but the dot:
+    their chunks are stored straight into the packs (f16/bf16 converted to the
+    accumulator's type on the way), with no tile of their own."""
     defined = {result.id: body_op for body_op in loop.regions[0].ops
                for result in body_op.results}
     found = []
     for operand in op.operands[:2]:  # (dot(x, x) reads x twice: not a single reader)
         source = defined.get(operand.id)
         if source is not None and source.name == "tt.load" and \
-                e.uses.get(operand.id) == 1 and operand.type.elem == op.result.type.elem:
+                e.uses.get(operand.id) == 1:
             found.append(operand)
     return found
 
@@ -178,8 +196,12 @@ def _sink(e, plan: DeferredDot, is_a: bool):
     depth = a_value.type.shape[1]
     n = b_value.type.shape[-1]
     kc = plan.group * depth
+    source = (a_value if is_a else b_value).type.elem
+    elem = plan.op.result.type.elem
 
     def store(index, chunk):
+        if source != elem:
+            chunk = e.ew.emit(e.b, "arith.extf", (), [chunk], [source], elem)
         column0 = e.b.mul(e.b.load(plan.counter), _const(depth))
         if is_a:
             row, column = e.b.udiv(index, _const(depth)), e.b.urem(index, _const(depth))
