@@ -33,8 +33,8 @@ its depth loop (x86_amx phis) and loads 2 tiles of A and 2 of B per 32 depths: a
 registers; a B panel of at most 16 columns (C's last where N % 32 <= 16, or the last of a
 thread's share: threads split columns in tiles of 16, `column_unit`) runs on the kernel of
 one column of tiles, and a ragged last block of at most 16 rows on one row of tiles (the
-kernel is tilegen/amx_kernel.py). The accumulators start from C itself when the block is whole and not the first depth block, from a zero constant when it
-is the first, and from a 32 x 32 staging block on the stack for the ragged blocks at the
+kernel is tilegen/amx_kernel.py). The accumulators start from C itself when the block is
+whole and not the first depth block, from a zero constant when it is the first, and from a 32 x 32 staging block on the stack for the ragged blocks at the
 edges of C, which are copied in and out under row and column masks.
 
 Tile instructions need the operating system's consent (target.amx_tile_permission):
