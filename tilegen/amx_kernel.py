@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from .gemm import _smin
 from .gemm_bf16 import AMX_DEPTH, AMX_TILE_ROWS, LANES, NamedLLVMType
 from .micro_kernel import I64, PTR, declare_intrinsic, element_pointer, splat
 
@@ -19,11 +20,32 @@ I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
 TILE_BYTES = 64  # bytes per tile row: 16 f32 or 32 bf16
 TILE_COLUMNS = 16  # f32 columns of an accumulator tile
-PREFETCH_STEPS = 2  # how many depth steps (of 32) ahead the kernel prefetches A and B
 # Whether the depth loop also prefetches the next register block's C (for writing):
 # 2048^3 on one thread ran 3-5% faster with it (C of 16 MB comes from L3), the smaller
 # products within noise.
 PREFETCH_C = True
+# Two flavours of the kernel, by where A's tiles come from (measured from C on the
+# generated kernels, their packing copied in, on a loaded machine: direction only):
+# - A packed in slabs (each tile 1 KB of contiguous memory): the depth steps go in runs of
+#   at most RUN_STEPS, as even as they go, each run over all of the call's register
+#   blocks, so B's part of a run (16 steps: 32 KB) stays in L1 (48 KB) while the blocks'
+#   A streams past it, loaded with `tileloaddt1` (STREAM_A); no software prefetch of A or
+#   B. One run over a depth block of 1024 read both operands from L2 (a C model on one
+#   L2-resident A block x B block of 2048^3: 15 ns a tdpbf16ps, 12 with runs of 16 and the
+#   streaming loads, 6.2 with every tile in L1), and the prefetcht0 of A and B made 1024^3
+#   10-25% slower (it pulls A into L1 like B). The runs' extra loads and stores of C hit L1
+#   or L2.
+# - A read in place (`gemm_amx.a_read_in_place`; NumPy's arrays start 16 or 32 bytes past a
+#   line, so each 64-byte row of a tile straddles two lines): one run, plain loads, and
+#   prefetches into L1 of A's rows and B's lines PREFETCH_STEPS ahead, as before the runs:
+#   that ran 333 x 1000 x 777 about 15% faster than the packed flavour's choices on the
+#   same rows, and the misaligned rows ran far slower without the prefetches.
+RUN_STEPS = 16
+STREAM_A = True
+PREFETCH_STEPS = 2  # depth steps (of 32) ahead of the in-place flavour's A and B prefetches
+# C rows of the next register block prefetched per depth step: 2 for runs of 16 steps
+# (each covers all 32), 1 for the in-place flavour's single run.
+C_ROWS_PER_STEP = 2
 # Rows of the next B panel's source a kernel call prefetches per depth step (kc = 1000 rows
 # within 10 register blocks x 32 steps: 333 x 1000 x 777 prefetches all of them).
 AHEAD_ROWS = 4
@@ -32,8 +54,8 @@ AHEAD_ROWS = 4
 TILE = NamedLLVMType("x86_amx")  # a tile register's value
 
 
-def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
-                     panel_columns: int | None = None) -> ir.Function:
+def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | None = None,
+                     a_in_place: bool = False) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first,
     i64 blocks, i64 row_bytes, i64 step_bytes, i64 main_steps, ptr tail, ptr ahead,
     i64 ahead_stride, i64 ahead_rows)`:
@@ -44,20 +66,25 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
     panel of panel_columns (default nr; 32 for the 16-column kernel) and A's 32 depths of
     row r at step s from a + r row_bytes + s step_bytes for s < main_steps (slabs of packed
     rows: 64 and mc x 64 bytes; A in place: its row stride and 64), from the slab at `tail`
-    (rows 64 bytes apart) for the steps after. Step s of block q also prefetches into L2
-    rows AHEAD_ROWS (q steps + s).. (below ahead_rows) of a strip of 64 bytes at `ahead`,
-    ahead_stride bytes a row (_prefetch_ahead).
-    One call per B micro-panel and A block: `ldtilecfg` and `tilerelease` cost about as
-    much as a block's 32 x 32 x 1024 products, so they are paid once per call."""
+    (rows 64 bytes apart) for the steps after. The steps go in runs of at most RUN_STEPS,
+    each run over every block (B's part of the run stays in L1 while A's streams past).
+    The n-th (run, block, step) of the call also prefetches into L2 rows AHEAD_ROWS n..
+    (below ahead_rows) of a strip of 64 bytes at `ahead`, ahead_stride bytes a row
+    (_prefetch_ahead).
+    One call per B micro-panel and A block: `ldtilecfg` and `tilerelease` are paid once
+    per call."""
     panel_columns = panel_columns or nr
     name = f"tilegen.gemm.amx.{mr}x{nr}" + ("" if panel_columns == nr else
-                                            f".of{panel_columns}")
+                                            f".of{panel_columns}") + \
+        (".in_place" if a_in_place else "")
     existing = module.globals.get(name)
     if existing is not None:
         return existing
     row_tiles, column_tiles = mr // AMX_TILE_ROWS, nr // TILE_COLUMNS
     load = declare_intrinsic(module, "llvm.x86.tileloadd64.internal", TILE,
                              [I16, I16, PTR, I64])
+    load_a = load if a_in_place or not STREAM_A else declare_intrinsic(
+        module, "llvm.x86.tileloaddt164.internal", TILE, [I16, I16, PTR, I64])
     dot = declare_intrinsic(module, "llvm.x86.tdpbf16ps.internal", TILE,
                             [I16, I16, I16, TILE, TILE, TILE])
     store = declare_intrinsic(module, "llvm.x86.tilestored64.internal", ir.VoidType(),
@@ -90,15 +117,37 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
     vector = ir.VectorType(F32, LANES)
     masks = _column_masks(module, b, cols, nr)
 
+    # Runs of at most RUN_STEPS depth steps, as even as they go (36 steps: 3 x 12), each
+    # over every register block; every run but the first adds to C.
+    run_steps = steps
+    if not a_in_place:
+        runs = b.sdiv(b.add(steps, const(RUN_STEPS - 1)), const(RUN_STEPS))
+        runs = b.select(b.icmp_signed("<", runs, const(1)), const(1), runs)
+        run_steps = b.sdiv(b.add(steps, b.sub(runs, const(1))), runs)
+    rows_per_step = 1 if a_in_place else C_ROWS_PER_STEP
+    before = b.block
+    run_block = function.append_basic_block("run")
+    finished = function.append_basic_block("finished")
+    b.cbranch(b.icmp_signed(">", blocks, const(0)), run_block, finished)
+    b.position_at_end(run_block)
+    run_start = b.phi(I64, name="s0")
+    run_start.add_incoming(const(0), before)
+    run_length = _smin(b, run_steps, b.sub(steps, run_start))
+    run_first = b.and_(first, b.icmp_signed("==", run_start, const(0)))
+    run_a = element_pointer(b, a_first, b.mul(run_start, step_bytes), byte)
+    run_main = b.sub(main_steps, run_start)
+    run_b = element_pointer(b, bp, b.mul(run_start, const(AMX_DEPTH * 2 * panel_columns)),
+                            byte)
+
     # The loop over register blocks.
     before = b.block
     outer = function.append_basic_block("block")
-    finished = function.append_basic_block("finished")
-    b.cbranch(b.icmp_signed(">", blocks, const(0)), outer, finished)
+    next_run = function.append_basic_block("next_run")
+    b.branch(outer)
     b.position_at_end(outer)
     block = b.phi(I64, name="q")
     block.add_incoming(const(0), before)
-    a = element_pointer(b, a_first, b.mul(block, b.mul(row_bytes, const(mr))), byte)
+    a = element_pointer(b, run_a, b.mul(block, b.mul(row_bytes, const(mr))), byte)
     tail = element_pointer(b, tail_first, b.mul(block, const(mr * TILE_BYTES)), byte)
     c = element_pointer(b, c_first, b.mul(b.mul(block, const(mr)), c_stride), byte)
     rows = b.sub(rows_first, b.mul(block, const(mr)))
@@ -123,12 +172,12 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
         b.call(masked_store, [b.load(staged, typ=vector, align=4), in_c, const(4, I32), mask])
 
     # A ragged block (not first) starts from C's values copied into the staging block.
-    with b.if_then(b.and_(b.not_(whole), b.not_(first))):
+    with b.if_then(b.and_(b.not_(whole), b.not_(run_first))):
         ragged_rows(stage_in)
     start = b.select(whole, c, stage)
     start_stride = b.select(whole, c_stride, stage_stride)
-    start = b.select(first, zeros, start)
-    start_stride = b.select(first, const(0), start_stride)
+    start = b.select(run_first, zeros, start)
+    start_stride = b.select(run_first, const(0), start_stride)
 
     def c_tile(base, stride, tr, tc):
         offset = b.add(b.mul(const(tr * AMX_TILE_ROWS), stride), const(tc * TILE_BYTES))
@@ -142,7 +191,7 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
     entry = b.block
     loop = function.append_basic_block("depth")
     done = function.append_basic_block("store")
-    b.cbranch(b.icmp_signed(">", steps, const(0)), loop, done)
+    b.cbranch(b.icmp_signed(">", run_length, const(0)), loop, done)
     b.position_at_end(loop)
     step = b.phi(I64, name="step")
     step.add_incoming(const(0), entry)
@@ -152,22 +201,24 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
         phi.add_incoming(value, entry)
         accumulators.append(phi)
     b_row_bytes = const(2 * 2 * panel_columns)  # one depth pair of the panel's columns
-    in_main = b.icmp_signed("<", step, main_steps)
+    in_main = b.icmp_signed("<", step, run_main)
     a_step = b.select(in_main, element_pointer(b, a, b.mul(step, step_bytes), byte), tail)
     a_stride = b.select(in_main, row_bytes, tile_bytes_wide)
-    a_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
+    a_tiles = [b.call(load_a, [tile_rows, tile_bytes, element_pointer(
         b, a_step, b.mul(a_stride, const(tr * AMX_TILE_ROWS)), byte), a_stride])
         for tr in range(row_tiles)]
     b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * panel_columns))  # 16 pairs a step
     b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
-        b, bp, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
+        b, run_b, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
         for tc in range(column_tiles)]
-    _prefetch(module, b, a, bp, b.add(step, const(PREFETCH_STEPS)), mr, nr, panel_columns,
-              row_bytes, step_bytes)
+    if a_in_place:
+        _prefetch(module, b, a, run_b, b.add(step, const(PREFETCH_STEPS)), mr, nr,
+                  panel_columns, row_bytes, step_bytes)
     if PREFETCH_C:
-        _prefetch_next_c(module, b, c, c_stride, step, mr, nr)
-    _prefetch_ahead(module, b, ahead, ahead_stride, ahead_rows,
-                    b.add(b.mul(block, steps), step))
+        _prefetch_next_c(module, b, c, c_stride, step, mr, nr, rows_per_step)
+    # Runs of run_steps and a shorter last: (run, block, step) numbers 0 .. blocks x steps.
+    _prefetch_ahead(module, b, ahead, ahead_stride, ahead_rows, b.add(
+        b.mul(run_start, blocks), b.add(b.mul(block, run_length), step)))
     updated = [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
                             accumulators[tr * column_tiles + tc], a_tiles[tr], b_tiles[tc]])
                for tr in range(row_tiles) for tc in range(column_tiles)]
@@ -176,7 +227,7 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
     step.add_incoming(following, latch)
     for phi, value in zip(accumulators, updated, strict=True):
         phi.add_incoming(value, latch)
-    b.cbranch(b.icmp_signed("<", following, steps), loop, done)
+    b.cbranch(b.icmp_signed("<", following, run_length), loop, done)
 
     # Whole blocks go straight to C; ragged ones through the staging block, then under masks.
     b.position_at_end(done)
@@ -196,7 +247,11 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int,
         ragged_rows(stage_out)
     following_block = b.add(block, const(1))
     block.add_incoming(following_block, b.block)
-    b.cbranch(b.icmp_signed("<", following_block, blocks), outer, finished)
+    b.cbranch(b.icmp_signed("<", following_block, blocks), outer, next_run)
+    b.position_at_end(next_run)
+    following_run = b.add(run_start, run_steps)
+    run_start.add_incoming(following_run, next_run)
+    b.cbranch(b.icmp_signed("<", following_run, steps), run_block, finished)
     b.position_at_end(finished)
     b.ret_void()
     return function
@@ -219,28 +274,31 @@ def _prefetch_ahead(module, b, ahead, stride, rows, step) -> None:
                               l2, data])
 
 
-def _prefetch_next_c(module, b, c, c_stride, step, mr: int, nr: int) -> None:
-    """Prefetch for writing row `step % mr` of the next register block's C (nr f32, 2
-    lines): over a block of mr steps or more, its whole C arrives before its loads and
-    stores. Past the last block the lines may lie outside C; a prefetch never faults."""
+def _prefetch_next_c(module, b, c, c_stride, step, mr: int, nr: int,
+                     rows_per_step: int) -> None:
+    """Prefetch for writing rows rows_per_step x step.. (mod mr) of the next register
+    block's C (nr f32, 2 lines each): over a run of mr / rows_per_step steps or more, its
+    whole C arrives before its loads and stores. Past the last block the lines may lie
+    outside C; a prefetch never faults."""
     prefetch = declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
                                  [PTR, I32, I32, I32])
     write, keep, data = (ir.Constant(I32, value) for value in (1, 3, 1))
-    row = b.add(b.and_(step, ir.Constant(I64, mr - 1)), ir.Constant(I64, mr))
-    start = element_pointer(b, c, b.mul(row, c_stride), I8)
-    for line in range(nr * 4 // 64):
-        b.call(prefetch, [element_pointer(b, start, ir.Constant(I64, 64 * line), I8), write,
-                          keep, data])
+    for extra in range(rows_per_step):
+        row = b.add(b.mul(step, ir.Constant(I64, rows_per_step)), ir.Constant(I64, extra))
+        row = b.add(b.and_(row, ir.Constant(I64, mr - 1)), ir.Constant(I64, mr))
+        start = element_pointer(b, c, b.mul(row, c_stride), I8)
+        for line in range(nr * 4 // 64):
+            b.call(prefetch, [element_pointer(b, start, ir.Constant(I64, 64 * line), I8),
+                              write, keep, data])
 
 
 def _prefetch(module, b, a, bp, step, mr: int, nr: int, panel_columns: int, row_bytes,
               step_bytes) -> None:
     """Prefetch into L1 the A rows and B panel lines of depth step `step` (mr rows of 64
     bytes, row_bytes apart, and the first nr columns of 16 pairs of a panel of
-    panel_columns: 32 contiguous lines for a 32-column kernel). The hardware prefetchers do not keep
-    tileloadd fed from L2 (on this project's Xeon the 1024^3 product ran about 1.7x faster
-    with these, in noisy one-thread timings); past the end of a panel or of A's whole
-    steps they touch lines nobody reads, which a prefetch never faults on."""
+    panel_columns: 32 contiguous lines for a 32-column kernel), for an A read in place.
+    Past the end of a panel or of A's whole steps they touch lines nobody reads, which a
+    prefetch never faults on."""
     prefetch = declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
                                  [PTR, I32, I32, I32])
     read, keep, data = (ir.Constant(I32, value) for value in (0, 3, 1))

@@ -28,14 +28,16 @@ That saves the packing's pass over A (about 12% of a one-thread 333 x 1000 x 777
 the rows spread over L1's sets; rows 2 or 4 KB apart (K = 1024, 2048) fall on 2 to 4 sets
 and are packed.
 
-The micro-kernel keeps 2 x 2 accumulator tiles (C, 32 x 32 f32) in tile registers across
-its depth loop (x86_amx phis) and loads 2 tiles of A and 2 of B per 32 depths: all 8 tile
-registers; a B panel of at most 16 columns (C's last where N % 32 <= 16, or the last of a
-thread's share: threads split columns in tiles of 16, `column_unit`) runs on the kernel of
-one column of tiles, and a ragged last block of at most 16 rows on one row of tiles (the
-kernel is tilegen/amx_kernel.py). The accumulators start from C itself when the block is
-whole and not the first depth block, from a zero constant when it is the first, and from a 32 x 32 staging block on the stack for the ragged blocks at the
-edges of C, which are copied in and out under row and column masks.
+The micro-kernel (tilegen/amx_kernel.py) keeps 2 x 2 accumulator tiles (C, 32 x 32 f32)
+in tile registers across its depth loop (x86_amx phis) and loads 2 tiles of A and 2 of B
+per 32 depths: all 8 tile registers; on packed A it goes over the call's register blocks
+in runs of up to 16 depth steps, so B's part of a run stays in L1. A B panel of at most 16
+columns (C's last where N % 32 <= 16, or the last of a thread's share: threads split
+columns in tiles of 16, `column_unit`) runs on the kernel of one column of tiles, and a
+ragged last block of at most 16 rows on one row of tiles. The accumulators start from C
+itself when the block is whole and not the first depth block (or run), from a zero
+constant when it is the first, and from a 32 x 32 staging block on the stack for the
+ragged blocks at the edges of C, which are copied in and out under row and column masks.
 
 Tile instructions need the operating system's consent (target.amx_tile_permission):
 gemm_bf16.bf16_kernel asks for it before it picks AMX, and takes another kernel when it is
@@ -227,9 +229,10 @@ class AmxEmitter(Bf16DotEmitter):
     def micro_kernel(self) -> ir.Function:
         return self.kernel(self.tiles.mr, self.tiles.nr)
 
-    def kernel(self, rows: int, columns: int) -> ir.Function:
-        """The micro-kernel of rows x columns (whole tiles) on this gemm's B panels."""
-        return amx_micro_kernel(self.cg.module, rows, columns, self.tiles.nr)
+    def kernel(self, rows: int, columns: int, a_in_place: bool = False) -> ir.Function:
+        """The micro-kernel of rows x columns (whole tiles) on this gemm's B panels, in the
+        flavour for A in packed slabs or read in place (amx_kernel.py)."""
+        return amx_micro_kernel(self.cg.module, rows, columns, self.tiles.nr, a_in_place)
 
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
                     col_end) -> None:
@@ -258,11 +261,12 @@ class AmxEmitter(Bf16DotEmitter):
                 self.kernel(rows, columns), a, b_panel, row0, col0, self.const(1), slabs, a))
 
         def columns_of(columns, col0, b_panel, ahead):
-            kernel = self.kernel(mr, columns)
             if self.a_row_stride is None:
                 blocks = b.sdiv(_round_up(b, mc, mr), self.const(mr))
-                call(kernel, packed_a, b_panel, ic, col0, blocks, slabs, packed_a, ahead)
+                call(self.kernel(mr, columns), packed_a, b_panel, ic, col0, blocks, slabs,
+                     packed_a, ahead)
                 return
+            kernel = self.kernel(mr, columns, a_in_place=True)
             a, direct = self.direct
             in_place = (self.const(2 * self.a_row_stride), self.const(TILE_BYTES),
                         b.ashr(kc, self.const(5)))
