@@ -67,7 +67,9 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
     row r at step s from a + r row_bytes + s step_bytes for s < main_steps (slabs of packed
     rows: 64 and mc x 64 bytes; A in place: its row stride and 64), from the slab at `tail`
     (rows 64 bytes apart) for the steps after. The steps go in runs of at most RUN_STEPS,
-    each run over every block (B's part of the run stays in L1 while A's streams past).
+    each run over every block (B's part of the run stays in L1 while A's streams past);
+    with `a_in_place` (the flavour for A read where it is) in one run, A's rows and B's
+    lines prefetched into L1 PREFETCH_STEPS ahead.
     The n-th (run, block, step) of the call also prefetches into L2 rows AHEAD_ROWS n..
     (below ahead_rows) of a strip of 64 bytes at `ahead`, ahead_stride bytes a row
     (_prefetch_ahead).
