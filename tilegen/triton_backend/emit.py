@@ -44,6 +44,11 @@ from .tileir import Block, Op, Program, TileError, TileType, Value, element_byte
 
 CHUNK = 16  # lanes of a vector chunk (one AVX-512 register of f32)
 UNROLL_CHUNKS = 4
+# The program is called by the grid's worker, not inlined into it: inlined, LLVM's O3
+# simplified its body twice (alone, then again inside the worker), ~30 % of the
+# optimiser's time in a cold compile; one call per program instance costs nothing that
+# could be measured (docs/triton.md, "Compile time").
+INLINE_PROGRAM = False
 _VIEWS = ("tt.expand_dims", "tt.reshape")
 # debug_barrier (ttg.barrier) orders the threads of one GPU program; a CPU program is one
 # thread, so it has nothing to wait for.
@@ -134,6 +139,8 @@ class ProgramEmitter:
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
         self.function.linkage = "internal"
+        if not INLINE_PROGRAM:
+            self.function.attributes.add("noinline")
         (self.args_ptr, *pids), self.frame_ptr, self.status = \
             self.function.args[:7], self.function.args[7], self.function.args[8]
         self.program_ids, self.num_programs = pids[:3], pids[3:6]
