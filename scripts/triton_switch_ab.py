@@ -12,7 +12,9 @@ thread with TILEGEN_NUM_THREADS=1 (so a descheduled thread costs nothing).
 Switches: fills (shared_fills.py), partials (partials.py), chains (tiles.REDUCTION_CHAINS),
 siblings (sibling_reductions.py), prefetch (prefetch.py), prefetch-stores (its stores only),
 branch-stores (branch_stores.py), inline (the program called by the grid's worker, not
-inlined into it: emit.INLINE_PROGRAM; "off" is the program inlined), all. Prints, per
+inlined into it: emit.INLINE_PROGRAM; "off" is the program inlined), noalias (the frame
+parameter noalias, emit.FRAME_NOALIAS), load-fills (loads filled by a reduction's sweep,
+shared_fills.SharedFills.defer_load), all. Prints, per
 kernel, the minimum with the switch off and on and their ratio (> 1: the switch helps), and
 the ratio of the medians. Cases: the layer norm, softmax and vector add kernels, attention
 (T = 1024, D = 64, 4 heads) and the tutorial matmul 1024^3 (128 x 128 x 32); CASES=a,b picks.
@@ -57,7 +59,7 @@ from tests.test_triton_tutorials_2 import (  # noqa: E402
 
 _ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS,
              sibling_reductions.SiblingReductions.joined, prefetch.DISTANCE,
-             branch_stores.plan)
+             branch_stores.plan, shared_fills.SharedFills.defer_load)
 
 
 def _set(switch: str, on: bool) -> None:
@@ -74,6 +76,9 @@ def _set(switch: str, on: bool) -> None:
     branch_stores.plan = (lambda e, op: []) if off and switch in ("branch-stores", "all") \
         else _ORIGINAL[5]
     emit.INLINE_PROGRAM = off and switch in ("inline", "all")
+    emit.FRAME_NOALIAS = not (off and switch in ("noalias", "all"))
+    shared_fills.SharedFills.defer_load = (lambda *args: False) if off and switch in (
+        "load-fills", "all") else _ORIGINAL[6]
 
 
 def _cases():

@@ -46,6 +46,8 @@ def test_program_called_not_inlined(monkeypatch):
     header = next(line for line in compiled.asm["llir"].splitlines()
                   if line.startswith("define") and ".program\"" in line)
     assert "noinline" in header, header
+    # the frame (the launcher's scratch block, the 8th parameter) aliases no tensor
+    assert header.split("(", 1)[1].split(", ")[7].startswith("ptr noalias"), header
 
 
 def _inside_stage(frame) -> bool:

@@ -49,6 +49,10 @@ UNROLL_CHUNKS = 4
 # optimiser's time in a cold compile; one call per program instance costs nothing that
 # could be measured (docs/triton.md, "Compile time").
 INLINE_PROGRAM = False
+# The frame is the launcher's scratch block: no tensor points into it. Said to LLVM (the
+# program's frame parameter is `noalias`), it keeps values across frame stores: a sweep
+# that fills several tiles reads each row chunk once, not once per fill it stores.
+FRAME_NOALIAS = True
 _VIEWS = ("tt.expand_dims", "tt.reshape")
 # debug_barrier (ttg.barrier) orders the threads of one GPU program; a CPU program is one
 # thread, so it has nothing to wait for.
@@ -132,6 +136,7 @@ class ProgramEmitter:
         self.fills = shared_fills.SharedFills(program.body, self.fusion)
         self.siblings = SiblingReductions(program.body)
         self.streams = prefetch.Streams(program.body)  # accesses that prefetch ahead
+        self.prefetched: set[tuple] = set()  # (load op, chunk index, width, block) fetched
         # ops already emitted at an earlier place (a reduction run in an earlier one's
         # sweep, sibling_reductions.py): nothing is emitted where they stand
         self.emitted_early: set[int] = set()
@@ -144,6 +149,8 @@ class ProgramEmitter:
         (self.args_ptr, *pids), self.frame_ptr, self.status = \
             self.function.args[:7], self.function.args[7], self.function.args[8]
         self.program_ids, self.num_programs = pids[:3], pids[3:6]
+        if FRAME_NOALIAS and not INLINE_PROGRAM:
+            self.frame_ptr.add_attribute("noalias")
         self.entry = self.function.append_basic_block("entry")
         self.b = ir.IRBuilder(self.function.append_basic_block("body"))
 
