@@ -32,6 +32,7 @@ from .elementwise import (
     I64,
     PTR,
     Elementwise,
+    VectorText,
     bf16_bits,
     of_width,
     scalar_type,
@@ -420,9 +421,9 @@ class ProgramEmitter:
         if not width:
             return value
         vector = ir.VectorType(value.type, width)
-        one = self.b.insert_element(ir.Constant(vector, ir.Undefined), value,
-                                    ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
+        undefined = VectorText(vector, "undef")
+        one = self.b.insert_element(undefined, value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, undefined,
                                      ir.Constant(ir.VectorType(I32, width), [0] * width))
 
     def entry_alloca(self, ty: ir.Type) -> ir.Value:
