@@ -1,10 +1,11 @@
 """What a cold compile does besides lowering (docs/triton.md, "Compile time"): the program
-is called by the grid's worker, not inlined into it, and the Python stages pause the
-cyclic collector; the kernels stay correct either way."""
+is called by the grid's worker, not inlined into it, vector constants are written short,
+and the Python stages pause the cyclic collector; the kernels stay correct either way."""
 
 from __future__ import annotations
 
 import gc
+import re
 import sys
 
 import pytest
@@ -48,6 +49,16 @@ def test_program_called_not_inlined(monkeypatch):
     assert "noinline" in header, header
     # the frame (the launcher's scratch block, the 8th parameter) aliases no tensor
     assert header.split("(", 1)[1].split(", ")[7].startswith("ptr noalias"), header
+
+
+def test_vector_constants_written_short(monkeypatch):
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    program = _launch().asm["llir"].split("define void")[0]  # the program, not the launcher
+    assert "splat (" in program
+    # no constant vector of 16 equal elements written out element by element (but for
+    # shufflevector's masks, which llvmlite checks element by element)
+    program = "\n".join(line for line in program.splitlines() if "shufflevector" not in line)
+    assert not re.search(r"<(i1|i32|i64|float) ([^,<>]+), (\1 \2, ){14}\1 \2>", program)
 
 
 def _inside_stage(frame) -> bool:

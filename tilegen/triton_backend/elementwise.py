@@ -62,7 +62,7 @@ class VectorText(ir.Constant):
     `<T v, T v, ...>`: a third of a kernel's IR text was vector constants, formatted
     element by element by llvmlite and parsed again by LLVM in a cold compile."""
 
-    def __init__(self, vector_type: ir.VectorType, text: str):  # noqa: D107
+    def __init__(self, vector_type: ir.VectorType, text: str):
         self.type = vector_type
         self.constant = text
 
