@@ -34,7 +34,8 @@ def collector_paused():
     generation, whose growth sets off full collections of the whole heap, torch's and
     Triton's objects included (~0.3 s each in a test process, about every 8 compiles;
     ~25 ms of collector time per compile on average, ~4 ms with the pause). Nothing
-    changes when the collector was already off."""
+    changes when the collector was already off (a stage inside a paused stage, or another
+    thread's compile that paused it first: the switch is process-wide)."""
     if not gc.isenabled():
         yield
         return
