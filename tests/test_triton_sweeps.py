@@ -157,7 +157,7 @@ def test_tutorial_layer_norm_backward_sums_in_one_sweep():
     torch.testing.assert_close(partial_dw.sum(0), (dy * xhat).sum(0), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(partial_db.sum(0), dy.sum(0), rtol=1e-4, atol=1e-4)
     assert joins == [1]
-    assert fills == {"deferred": 1, "filled": 1}
+    assert (fills["deferred"], fills["filled"]) == (1, 1)
 
 
 # ---- loads stored by the sweep of the reduction that reads them (shared_fills.py) -----------
@@ -166,7 +166,7 @@ def test_tutorial_layer_norm_backward_sums_in_one_sweep():
 def counting_load_fills():
     """Per compile inside: how many loads were left to a reduction's sweep, and how many of
     those the sweep filled."""
-    found = {"deferred": 0, "filled": 0}
+    found = {"deferred": 0, "filled": 0, "filled values": 0}
     defer_load, end = shared_fills.SharedFills.defer_load, shared_fills.SharedFills.end
 
     def spy_defer(self, e, op, lazy):
@@ -177,8 +177,9 @@ def counting_load_fills():
     def spy_end(self, e, op):
         before = len(self.filled)
         end(self, e, op)
-        found["filled"] += sum(lazy.kind == "load"
-                               for lazy, _ in list(self.filled.values())[before:])
+        kinds = [lazy.kind for lazy, _ in list(self.filled.values())[before:]]
+        found["filled"] += kinds.count("load")
+        found["filled values"] += len(kinds) - kinds.count("load")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(shared_fills.SharedFills, "defer_load", spy_defer)
         patch.setattr(shared_fills.SharedFills, "end", spy_end)
@@ -236,7 +237,46 @@ def test_load_stored_by_the_sweep_of_its_reduction(case, filled, n):
     assert torch.equal(dst[:, n:], dst_in[:, n:])
     if case == 1:
         assert (x[:, :n] == -7.0).all() and torch.equal(x[:, n:], x_in[:, n:])
-    assert fills == {"deferred": 1, "filled": filled}
+    assert (fills["deferred"], fills["filled"]) == (1, filled)
+
+
+@triton.jit
+def value_read_in_branch_and_loop(x_ptr, y_ptr, flag_ptr, n, stride, trips,
+                                  BLOCK: tl.constexpr):
+    """`num` (too costly to recompute) is filled by its sum's sweep and read after it in a
+    branch and in a loop."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=float("-inf"))
+    num = tl.exp(x - tl.max(x, axis=0))
+    total = tl.sum(num, axis=0)
+    if tl.load(flag_ptr + row) != 0:
+        y = num / total
+    else:
+        y = num * 2.0
+    for _ in range(trips):
+        y += num
+    tl.store(y_ptr + row * stride + cols, y, mask=mask)
+
+
+@pytest.mark.parametrize("n,trips", [(1, 0), (45, 2), (700, 3)])
+def test_value_filled_by_its_sweep_read_in_a_branch_and_a_loop(n, trips):
+    rows = 5
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(rows, n + 2, generator=g)
+    y = torch.full_like(x, float("nan"))
+    flags = torch.tensor([1, 0, 0, 1, 1], dtype=torch.int32)
+    with counting_load_fills() as fills:
+        fresh(value_read_in_branch_and_loop)[(rows,)](x, y, flags, n, x.stride(0), trips,
+                                                      BLOCK=max(16, triton.next_power_of_2(n)))
+    xs = x[:, :n].double()
+    num = torch.exp(xs - xs.max(1, keepdim=True).values)
+    expected = torch.where(flags[:, None].bool(), num / num.sum(1, keepdim=True), num * 2)
+    torch.testing.assert_close(y[:, :n].double(), expected + trips * num, rtol=1e-5,
+                               atol=1e-6)
+    assert y[:, n:].isnan().all()
+    assert fills["filled values"] == 1
 
 
 # ---- prefetch ahead of row-long accesses (prefetch.py) --------------------------------------
