@@ -11,8 +11,13 @@ thread with TILEGEN_NUM_THREADS=1 (so a descheduled thread costs nothing).
 
 Switches: fills (shared_fills.py), partials (partials.py), chains (tiles.REDUCTION_CHAINS),
 siblings (sibling_reductions.py), prefetch (prefetch.py), prefetch-stores (its stores only),
-branch-stores (branch_stores.py), all. Prints, per kernel, the minimum with the switch off
-and on and their ratio (> 1: the switch helps), and the ratio of the medians.
+branch-stores (branch_stores.py), inline (the program called by the grid's worker, not
+inlined into it: emit.INLINE_PROGRAM; "off" is the program inlined), noalias (the frame
+parameter noalias, emit.FRAME_NOALIAS), load-fills (loads filled by a reduction's sweep,
+shared_fills.SharedFills.defer_load), all. Prints, per
+kernel, the minimum with the switch off and on and their ratio (> 1: the switch helps), and
+the ratio of the medians. Cases: the layer norm, softmax and vector add kernels, attention
+(T = 1024, D = 64, 4 heads) and the tutorial matmul 1024^3 (128 x 128 x 32); CASES=a,b picks.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import triton
 import tilegen.triton_backend
 from tilegen.triton_backend import (
     branch_stores,
+    emit,
     partials,
     prefetch,
     shared_fills,
@@ -41,17 +47,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tests.test_triton_tutorials import (  # noqa: E402
     _layer_norm_fwd_fused,
     add_kernel,
+    matmul_kernel,
     softmax_kernel,
     softmax_kernel_simple,
 )
 from tests.test_triton_tutorials_2 import (  # noqa: E402
+    _attn_fwd,
     _layer_norm_bwd_dwdb,
     _layer_norm_bwd_dx_fused,
 )
 
 _ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS,
              sibling_reductions.SiblingReductions.joined, prefetch.DISTANCE,
-             branch_stores.plan)
+             branch_stores.plan, shared_fills.SharedFills.defer_load)
 
 
 def _set(switch: str, on: bool) -> None:
@@ -67,6 +75,10 @@ def _set(switch: str, on: bool) -> None:
     prefetch.STORES = not (off and switch == "prefetch-stores")
     branch_stores.plan = (lambda e, op: []) if off and switch in ("branch-stores", "all") \
         else _ORIGINAL[5]
+    emit.INLINE_PROGRAM = off and switch in ("inline", "all")
+    emit.FRAME_NOALIAS = not (off and switch in ("noalias", "all"))
+    shared_fills.SharedFills.defer_load = (lambda *args: False) if off and switch in (
+        "load-fills", "all") else _ORIGINAL[6]
 
 
 def _cases():
@@ -82,6 +94,19 @@ def _cases():
     wide, wide_out = torch.randn(4096, 4096), torch.empty(4096, 4096)
     wide_w, wide_b = torch.rand(4096), torch.rand(4096)
     a, c, out = torch.rand(1 << 24), torch.rand(1 << 24), torch.empty(1 << 24)
+    q, k, v = (torch.randn(1, 4, 1024, 64) * 0.5 for _ in range(3))
+    attention_out, attention_m = torch.empty_like(q), torch.empty(1, 4, 1024)
+    ma, mb, mc = torch.randn(1024, 1024), torch.randn(1024, 1024), torch.empty(1024, 1024)
+
+    def attention(kernel):
+        kernel[(1024 // 128, 4, 1)](q, k, v, 0.125, attention_m, attention_out, *q.stride(),
+                                    *k.stride(), *v.stride(), *attention_out.stride(), 1, 4,
+                                    N_CTX=1024, HEAD_DIM=64, BLOCK_M=128, BLOCK_N=64, STAGE=1)
+
+    def matmul(kernel):
+        kernel[(64,)](ma, mb, mc, 1024, 1024, 1024, *ma.stride(), *mb.stride(), *mc.stride(),
+                      BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, GROUP_SIZE_M=8,
+                      ACTIVATION="")
 
     def backward_dx(kernel):
         locks.zero_()
@@ -100,6 +125,8 @@ def _cases():
         "layernorm-bwd-dwdb": (_layer_norm_bwd_dwdb, lambda k: k[(cols // 128,)](
             partial_dw, partial_db, final_dw, final_db, group, cols, BLOCK_SIZE_M=32,
             BLOCK_SIZE_N=128)),
+        "attention": (_attn_fwd, attention),
+        "matmul": (matmul_kernel.fn, matmul),
         "vector-add": (add_kernel, lambda k: k[((1 << 24) // 1024,)](
             a, c, out, 1 << 24, BLOCK_SIZE=1024)),
     }

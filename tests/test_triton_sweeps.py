@@ -1,6 +1,7 @@
 """Fewer and faster sweeps over a program's rows: reductions of the same rows run in one
 sweep (sibling_reductions.py), against torch, with the cases where they must not join;
-row-long accesses prefetch ahead (prefetch.py)."""
+loads that cannot be fused stored by the reduction's sweep that reads them
+(shared_fills.py); row-long accesses prefetch ahead (prefetch.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ tilegen.triton_backend.register()
 
 import triton.language as tl  # noqa: E402
 
-from tilegen.triton_backend import sibling_reductions  # noqa: E402
+from tilegen.triton_backend import shared_fills, sibling_reductions  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -132,7 +133,9 @@ def test_2d_reductions_along_rows_share_one_sweep(m, n, bm, bn):
 
 
 def test_tutorial_layer_norm_backward_sums_in_one_sweep():
-    """c1 = sum(xhat * wdy) and c2 = sum(wdy): one sweep of the row for both."""
+    """c1 = sum(xhat * wdy) and c2 = sum(wdy): one sweep of the row for both, which also
+    reads dy from memory and stores it (read by `w * dy`, `dy * xhat` and both branches of
+    the lock section, it is not copied to the frame in a sweep of its own)."""
     from tests.test_triton_tutorials_2 import _layer_norm_bwd_dx_fused
     rows, n, group = 5, 300, 2
     g = torch.Generator().manual_seed(3)
@@ -142,7 +145,7 @@ def test_tutorial_layer_norm_backward_sums_in_one_sweep():
     rstd = 1 / torch.sqrt(var + 1e-5)
     dx, locks = torch.empty_like(x), torch.zeros(2 * group, dtype=torch.int32)
     partial_dw, partial_db = torch.zeros(group, n), torch.zeros(group, n)
-    with counting_joins() as joins:
+    with counting_joins() as joins, counting_load_fills() as fills:
         fresh(_layer_norm_bwd_dx_fused)[(rows,)](dx, dy, partial_dw, partial_db, x, w, mean,
                                                  rstd, locks, x.stride(0), n,
                                                  BLOCK_SIZE_N=512, GROUP_SIZE_M=group)
@@ -154,6 +157,126 @@ def test_tutorial_layer_norm_backward_sums_in_one_sweep():
     torch.testing.assert_close(partial_dw.sum(0), (dy * xhat).sum(0), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(partial_db.sum(0), dy.sum(0), rtol=1e-4, atol=1e-4)
     assert joins == [1]
+    assert (fills["deferred"], fills["filled"]) == (1, 1)
+
+
+# ---- loads stored by the sweep of the reduction that reads them (shared_fills.py) -----------
+
+@contextlib.contextmanager
+def counting_load_fills():
+    """Per compile inside: how many loads were left to a reduction's sweep, and how many of
+    those the sweep filled."""
+    found = {"deferred": 0, "filled": 0, "filled values": 0}
+    defer_load, end = shared_fills.SharedFills.defer_load, shared_fills.SharedFills.end
+
+    def spy_defer(self, e, op, lazy):
+        taken = defer_load(self, e, op, lazy)
+        found["deferred"] += taken
+        return taken
+
+    def spy_end(self, e, op):
+        before = len(self.filled)
+        end(self, e, op)
+        kinds = [lazy.kind for lazy, _ in list(self.filled.values())[before:]]
+        found["filled"] += kinds.count("load")
+        found["filled values"] += len(kinds) - kinds.count("load")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shared_fills.SharedFills, "defer_load", spy_defer)
+        patch.setattr(shared_fills.SharedFills, "end", spy_end)
+        patch.setattr(triton.knobs.compilation, "always_compile", True)
+        yield found
+
+
+@triton.jit
+def row_read_by_sum_and_branches(x_ptr, w_ptr, out_ptr, dst_ptr, flag_ptr, n, stride,
+                                 CASE: tl.constexpr, BLOCK: tl.constexpr):
+    """x has five readers, two of them in the branches (a yield): it cannot be fused."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    if CASE == 1:  # a store between overwrites the row: everything reads the old x
+        tl.store(x_ptr + row * stride + cols, tl.full([BLOCK], -7.0, tl.float32), mask=mask)
+    if CASE == 2:  # the sum reads x through a tile stored before it: x is not filled there
+        t = tl.exp(tl.exp(tl.exp(tl.exp(x * 0.01) * 0.1) * 0.1) * 0.1)
+        s = tl.sum(t * w, axis=0)
+    else:
+        s = tl.sum(x * w, axis=0)
+    tl.store(out_ptr + row * stride + cols, x * s, mask=mask)
+    if tl.load(flag_ptr + row) == 0:
+        y = x
+    else:
+        y = x + tl.load(dst_ptr + row * stride + cols, mask=mask, other=0.0)
+    tl.store(dst_ptr + row * stride + cols, y, mask=mask)
+
+
+@pytest.mark.parametrize("case,filled", [(0, 1), (1, 0), (2, 0)])
+@pytest.mark.parametrize("n", [1, 45, 300, 1531])
+def test_load_stored_by_the_sweep_of_its_reduction(case, filled, n):
+    rows = 7
+    g = torch.Generator().manual_seed(n + case)
+    block = max(16, triton.next_power_of_2(n))
+    x = torch.randn(rows, n + 3, generator=g)
+    w = torch.rand(n, generator=g)
+    dst = torch.randn(rows, n + 3, generator=g)
+    out = torch.full_like(x, float("nan"))
+    flags = torch.tensor([0, 1, 1, 0, 1, 0, 1], dtype=torch.int32)
+    x_in, dst_in = x.clone(), dst.clone()
+    with counting_load_fills() as fills:
+        fresh(row_read_by_sum_and_branches)[(rows,)](x, w, out, dst, flags, n, x.stride(0),
+                                                     CASE=case, BLOCK=block)
+    xs = x_in[:, :n].double()
+    t = torch.exp(torch.exp(torch.exp(torch.exp(xs * 0.01) * 0.1) * 0.1) * 0.1) \
+        if case == 2 else xs
+    s = (t * w.double()).sum(1, keepdim=True)
+    torch.testing.assert_close(out[:, :n].double(), xs * s, rtol=1e-5, atol=1e-4)
+    assert out[:, n:].isnan().all()  # masked-off lanes untouched
+    expected = torch.where(flags[:, None].bool(), xs + dst_in[:, :n].double(), xs)
+    torch.testing.assert_close(dst[:, :n].double(), expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(dst[:, n:], dst_in[:, n:])
+    if case == 1:
+        assert (x[:, :n] == -7.0).all() and torch.equal(x[:, n:], x_in[:, n:])
+    assert (fills["deferred"], fills["filled"]) == (1, filled)
+
+
+@triton.jit
+def value_read_in_branch_and_loop(x_ptr, y_ptr, flag_ptr, n, stride, trips,
+                                  BLOCK: tl.constexpr):
+    """`num` (too costly to recompute) is filled by its sum's sweep and read after it in a
+    branch and in a loop."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=float("-inf"))
+    num = tl.exp(x - tl.max(x, axis=0))
+    total = tl.sum(num, axis=0)
+    if tl.load(flag_ptr + row) != 0:
+        y = num / total
+    else:
+        y = num * 2.0
+    for _ in range(trips):
+        y += num
+    tl.store(y_ptr + row * stride + cols, y, mask=mask)
+
+
+@pytest.mark.parametrize("n,trips", [(1, 0), (45, 2), (700, 3)])
+def test_value_filled_by_its_sweep_read_in_a_branch_and_a_loop(n, trips):
+    rows = 5
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(rows, n + 2, generator=g)
+    y = torch.full_like(x, float("nan"))
+    flags = torch.tensor([1, 0, 0, 1, 1], dtype=torch.int32)
+    with counting_load_fills() as fills:
+        fresh(value_read_in_branch_and_loop)[(rows,)](x, y, flags, n, x.stride(0), trips,
+                                                      BLOCK=max(16, triton.next_power_of_2(n)))
+    xs = x[:, :n].double()
+    num = torch.exp(xs - xs.max(1, keepdim=True).values)
+    expected = torch.where(flags[:, None].bool(), num / num.sum(1, keepdim=True), num * 2)
+    torch.testing.assert_close(y[:, :n].double(), expected + trips * num, rtol=1e-5,
+                               atol=1e-6)
+    assert y[:, n:].isnan().all()
+    assert fills["filled values"] == 1
 
 
 # ---- prefetch ahead of row-long accesses (prefetch.py) --------------------------------------

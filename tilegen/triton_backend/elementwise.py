@@ -54,7 +54,20 @@ def splat_constant(ty: ir.Type, value, width: int) -> ir.Value:
     if isinstance(ty, ir.IntType):
         value = int(value) & ((1 << ty.width) - 1)
     constant = ir.Constant(ty, value)
-    return ir.Constant(ir.VectorType(ty, width), [constant] * width) if width else constant
+    return VectorText(ir.VectorType(ty, width), f"splat ({constant})") if width else constant
+
+
+class VectorText(ir.Constant):
+    """A vector constant written as LLVM's short forms (`splat (float 1.0)`, `undef`), not
+    `<T v, T v, ...>`: a third of a kernel's IR text was vector constants, formatted
+    element by element by llvmlite and parsed again by LLVM in a cold compile."""
+
+    def __init__(self, vector_type: ir.VectorType, text: str):
+        self.type = vector_type
+        self.constant = text
+
+    def _get_reference(self) -> str:
+        return self.constant
 
 
 _INT_BINARY = {"arith.addi": "add", "arith.subi": "sub", "arith.muli": "mul",

@@ -32,6 +32,7 @@ from .elementwise import (
     I64,
     PTR,
     Elementwise,
+    VectorText,
     bf16_bits,
     of_width,
     scalar_type,
@@ -44,6 +45,15 @@ from .tileir import Block, Op, Program, TileError, TileType, Value, element_byte
 
 CHUNK = 16  # lanes of a vector chunk (one AVX-512 register of f32)
 UNROLL_CHUNKS = 4
+# The program is called by the grid's worker, not inlined into it: inlined, LLVM's O3
+# simplified its body twice (alone, then again inside the worker), ~30 % of the
+# optimiser's time in a cold compile; one call per program instance costs nothing that
+# could be measured (docs/triton.md, "Compile time").
+INLINE_PROGRAM = False
+# The frame is the launcher's scratch block: no tensor points into it. Said to LLVM (the
+# program's frame parameter is `noalias`), it keeps values across frame stores: a sweep
+# that fills several tiles reads each row chunk once, not once per fill it stores.
+FRAME_NOALIAS = True
 _VIEWS = ("tt.expand_dims", "tt.reshape")
 # debug_barrier (ttg.barrier) orders the threads of one GPU program; a CPU program is one
 # thread, so it has nothing to wait for.
@@ -127,6 +137,7 @@ class ProgramEmitter:
         self.fills = shared_fills.SharedFills(program.body, self.fusion)
         self.siblings = SiblingReductions(program.body)
         self.streams = prefetch.Streams(program.body)  # accesses that prefetch ahead
+        self.prefetched: set[tuple] = set()  # (load op, chunk index, width, block) fetched
         # ops already emitted at an earlier place (a reduction run in an earlier one's
         # sweep, sibling_reductions.py): nothing is emitted where they stand
         self.emitted_early: set[int] = set()
@@ -134,9 +145,13 @@ class ProgramEmitter:
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
         self.function.linkage = "internal"
+        if not INLINE_PROGRAM:
+            self.function.attributes.add("noinline")
         (self.args_ptr, *pids), self.frame_ptr, self.status = \
             self.function.args[:7], self.function.args[7], self.function.args[8]
         self.program_ids, self.num_programs = pids[:3], pids[3:6]
+        if FRAME_NOALIAS and not INLINE_PROGRAM:
+            self.frame_ptr.add_attribute("noalias")
         self.entry = self.function.append_basic_block("entry")
         self.b = ir.IRBuilder(self.function.append_basic_block("body"))
 
@@ -406,9 +421,9 @@ class ProgramEmitter:
         if not width:
             return value
         vector = ir.VectorType(value.type, width)
-        one = self.b.insert_element(ir.Constant(vector, ir.Undefined), value,
-                                    ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
+        undefined = VectorText(vector, "undef")
+        one = self.b.insert_element(undefined, value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, undefined,
                                      ir.Constant(ir.VectorType(I32, width), [0] * width))
 
     def entry_alloca(self, ty: ir.Type) -> ir.Value:

@@ -84,11 +84,14 @@ def load(e, op) -> None:
     dynamic = stride is None and chunk_width(result.type) >= 4
     # a K loop's operand goes straight into its packed buffer (kloop.py)
     sink = e.load_sinks.get(result.id)
-    if contiguous and sink is None and e.fusion.fusible(e, op):
-        e.env[result.id] = e.lazy_load(op, e.env[pointer.id],
-                                       e.env[mask.id] if mask is not None else None,
-                                       e.env[other.id] if other is not None else None)
-        return
+    if contiguous and sink is None:
+        lazy = e.lazy_load(op, e.env[pointer.id], e.env[mask.id] if mask is not None else None,
+                           e.env[other.id] if other is not None else None)
+        # fused into its readers, or read by the first reduction's sweep (shared_fills.py)
+        if e.fusion.fusible(e, op) or e.fills.defer_load(e, op, lazy):
+            e.env[result.id] = lazy
+            return
+        e.fusion.pending.discard(id(lazy))
     out = sink if sink is not None else e.alloc(result.type)
     addresses = e.env[pointer.id]
     masks = e.env[mask.id] if mask is not None else None
@@ -181,7 +184,12 @@ def fused_load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
     if lane_mask is None and not width:
         return _to_value(e, e.b.load(e.b.inttoptr(address, PTR), align=align,
                                      typ=_memory_type(elem)), elem)
-    if width and e.streams.streams(op, op.operands[0], op.result.type):
+    # once per chunk: a sweep that evaluates the load for several readers (fills, sibling
+    # reductions) reads it again, which LLVM merges, but a prefetch is a call it keeps
+    once = (id(op), index, width, id(e.b.block))
+    if width and once not in e.prefetched and e.streams.streams(op, op.operands[0],
+                                                                 op.result.type):
+        e.prefetched.add(once)
         prefetch.ahead(e, address)
     raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
     if not width:

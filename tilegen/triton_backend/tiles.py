@@ -149,8 +149,9 @@ def fold_row(e, sources, base, extent: int, width: int, combine) -> list:
     group, arity = chains * width, len(sources)
 
     def chunks(at):
-        return [e.load_chunk(s, e.b.add(at, _const(c * width)), width)
-                for c in range(chains) for s in sources]
+        # one index per chunk for every source: a load the sources share prefetches once
+        indices = [e.b.add(at, _const(c * width)) for c in range(chains)]
+        return [e.load_chunk(s, indices[c], width) for c in range(chains) for s in sources]
 
     def step(j, accs):
         values = chunks(e.b.add(base, e.b.mul(j, _const(group))))
