@@ -169,8 +169,7 @@ class SharedStatements:
                 function.attributes.add("alwaysinline")
         status = cg.b.call(function, [cg.pointers[name] for name in form.buffers] + scalars +
                            [cg.err])
-        with cg.b.if_then(cg.b.icmp_signed("!=", status, ir.Constant(I64, 0)), likely=False):
-            cg.exit_with(status)
+        cg.exit_if_failed(status)
         return True
 
 
