@@ -31,6 +31,7 @@ from .codegen_values import (
     SCALAR_LLVM,
     Lane,
     Val,
+    int_constant,
     linear_offset,
     type_suffix,
 )
@@ -57,6 +58,12 @@ class Emitters:
     # a fused attention statement, forward or backward (tilegen/attention_codegen.py,
     # tilegen/attention_backward_codegen.py)
     attention: Callable[[KernelCodegen, L.Stmt], None]
+
+
+def _as_int(bound):
+    """A loop bound as a Python int where it is a constant (from folded arithmetic)."""
+    number = int_constant(bound) if isinstance(bound, ir.Value) else None
+    return bound if number is None else number
 
 
 class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
@@ -396,7 +403,11 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
         stop > start; runtime (ir.Value) bounds are checked first and may be empty. Short
         static reductions (at most UNROLL_TRIPS trips) are emitted unrolled: most of what
         LLVM's unroller bought here, at a fraction of its compile time."""
+        start = _as_int(start)
+        stop = _as_int(stop)
         static = isinstance(start, int) and isinstance(stop, int)
+        if static and stop <= start:  # folded runtime bounds may leave an empty loop
+            return list(inits)
         if static and stop - start <= step:
             # One trip (a gemm's only column block): the body once, its index a constant
             # that the builder folds into the arithmetic depending on it.

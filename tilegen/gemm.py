@@ -510,6 +510,8 @@ class _GemmEmitter:
         calls 3-7x slower, by how the process' heap happened to be filled; the bf16 dot
         products flush denormals themselves)."""
         b, mr = self.b, self.tiles.mr
+        if self.g.m % mr == 0:
+            return  # row blocks start at multiples of mr and end at one or at M: all whole
         end = _smin(b, b.mul(b.sdiv(b.add(mc, self.const(mr - 1)), self.const(mr)),
                              self.const(mr)), self.const(self.tiles.mc))
         zero = ir.Constant(self.vector, None)
