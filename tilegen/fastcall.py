@@ -325,10 +325,7 @@ def _arrays_check(module: ir.Module, symbol: str, buffers: list[L.Buffer],
     position.add_incoming(b.add(position, ir.Constant(I64, 1)), blocks["passed"])
     b.branch(blocks["next"])
 
-    b.position_at_end(blocks["failed"])
-    b.ret(ir.Constant(ir.IntType(1), 0))
-    b.position_at_end(blocks["done"])
-    b.ret(ir.Constant(ir.IntType(1), 1))
+    _answer(b, blocks["failed"], blocks["done"])
     return function
 
 
@@ -468,11 +465,16 @@ def _disjointness_check(module: ir.Module, symbol: str, inputs: int,
     out.add_incoming(b.add(out, ir.Constant(I64, 1)), blocks["next_output"])
     b.branch(blocks["outputs"])
 
-    b.position_at_end(blocks["overlap"])
-    b.ret(ir.Constant(ir.IntType(1), 0))
-    b.position_at_end(blocks["disjoint"])
-    b.ret(ir.Constant(ir.IntType(1), 1))
+    _answer(b, blocks["overlap"], blocks["disjoint"])
     return function
+
+
+def _answer(b: ir.IRBuilder, no: ir.Block, yes: ir.Block) -> None:
+    """A check's two exits: false from `no`, true from `yes`."""
+    b.position_at_end(no)
+    b.ret(ir.Constant(ir.IntType(1), 0))
+    b.position_at_end(yes)
+    b.ret(ir.Constant(ir.IntType(1), 1))
 
 
 def fill_runtime_table(address: int) -> None:
