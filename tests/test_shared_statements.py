@@ -111,7 +111,9 @@ def test_minilm_layers_share_their_code():
     gemm_callers = [name for name, body in bodies.items()
                     if re.search(r'call void @"tilegen\.gemm\.', body)]
     assert len(gemm_callers) <= 8, gemm_callers  # at most one per distinct matmul
-    assert len(text) < 1_500_000
+    # 0.79 MB before the entry's argument table, unmasked whole-vector packing and the
+    # folding builder (tilegen/irbuilder.py), 0.45 MB after.
+    assert len(text) < 600_000, len(text)
 
 
 def test_repeated_fused_attention_is_one_function(monkeypatch):
