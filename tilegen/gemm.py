@@ -26,7 +26,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen_values import SCALAR_LLVM, Lane, Val, bind_flat_index, int_constant
+from .codegen_values import SCALAR_LLVM, Lane, Val, bind_flat_index, int_constant, zeros
 from .micro_kernel import (
     I64,
     PTR,
@@ -394,7 +394,7 @@ class _GemmEmitter:
         cg.lane = saved
         if mask is None:  # every lane inside
             return value
-        return self.b.select(mask, value, ir.Constant(self.vector, None))
+        return self.b.select(mask, value, zeros(self.vector))
 
     def _read_across(self, expr: L.Expr, packed_along: L.Var, across: L.Var) -> bool:
         """Whether `expr` is contiguous along `across` but not along `packed_along` (a
