@@ -11,6 +11,7 @@ from kina_frontend.verify import check_program
 
 from . import config
 from .cache import MEMORY, DiskCache, cache_key
+from .gcpause import collector_paused
 from .library import aot_module
 from .pipeline import PlanTable, plan_program
 from .runtime import CompiledModule, jit_module
@@ -122,12 +123,13 @@ def _compile(name: str, text: str, frontend, jit: bool, output: str | None,
         cached = MEMORY.get(key)
         if cached is not None:
             return cached
-    plans, disk, key = planned(name, text, frontend, settings, jit, names,
-                               lazy=jit and output is None, consts=consts)
-    if jit and output is None:
-        module = jit_module(plans, settings.profile, disk, key)
-    else:
-        module = aot_module(plans, settings.profile, keep_path=output)
+    with collector_paused():
+        plans, disk, key = planned(name, text, frontend, settings, jit, names,
+                                   lazy=jit and output is None, consts=consts)
+        if jit and output is None:
+            module = jit_module(plans, settings.profile, disk, key)
+        else:
+            module = aot_module(plans, settings.profile, keep_path=output)
     if output is None:
         MEMORY.put(key, module, settings.memory_cache_entries)
     return module

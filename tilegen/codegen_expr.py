@@ -6,7 +6,16 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen_values import FLOAT_FLAGS, I32, SCALAR_LLVM, Val, constant, int_constant
+from .codegen_values import (
+    FLOAT_FLAGS,
+    I32,
+    SCALAR_LLVM,
+    Val,
+    broadcast_mask,
+    constant,
+    int_constant,
+    zeros,
+)
 from .unary_emit import UNARY_EMIT
 
 
@@ -90,9 +99,8 @@ class ExpressionCodegen:
 
     def splat(self, value: ir.Value, width: int) -> ir.Value:
         vtype = ir.VectorType(value.type, width)
-        inserted = self.b.insert_element(ir.Constant(vtype, None), value, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(inserted, ir.Constant(vtype, None),
-                                     ir.Constant(ir.VectorType(I32, width), [0] * width))
+        inserted = self.b.insert_element(zeros(vtype), value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(inserted, zeros(vtype), broadcast_mask(width))
 
     def as_vector(self, value: Val) -> ir.Value:
         return value.value if value.vector else self.splat(value.value, self.lane.width)

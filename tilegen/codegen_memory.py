@@ -8,7 +8,7 @@ from llvmlite import ir
 from . import loopir as L
 from . import storage
 from .affine import to_affine
-from .codegen_values import I1, I32, I64, PTR, SCALAR_LLVM, Val
+from .codegen_values import I1, I32, I64, PTR, SCALAR_LLVM, Val, zeros
 
 
 class MemoryCodegen:
@@ -98,7 +98,7 @@ class MemoryCodegen:
                            True)
             intrinsic = self._intrinsic("llvm.masked.load", vtype, [PTR, I32, mask.type, vtype])
             return Val(self.b.call(intrinsic, [pointer, ir.Constant(I32, L.ELEMENT_BYTES[
-                buffer.dtype]), mask, ir.Constant(vtype, None)]), True)
+                buffer.dtype]), mask, zeros(vtype)]), True)
         offsets = self._lane_offsets(plan[1], plan[2]) if plan[0] == "strided" else plan[1]
         return Val(self._gather(buffer, offsets, vtype), True)
 
@@ -110,7 +110,7 @@ class MemoryCodegen:
         intrinsic = self._intrinsic("llvm.masked.gather", vtype,
                                     [ir.VectorType(PTR, width), I32, mask.type, vtype])
         return self.b.call(intrinsic, [pointers, ir.Constant(I32, L.ELEMENT_BYTES[buffer.dtype]),
-                                       mask, ir.Constant(vtype, None)])
+                                       mask, zeros(vtype)])
 
     def _store(self, store: L.Store) -> None:
         buffer = self.buffers[store.buffer]

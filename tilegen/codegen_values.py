@@ -4,6 +4,7 @@ symbols the runtime binds, and the value a generated expression has (scalar or v
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -58,6 +59,24 @@ class Lane:
     width: int
     base: ir.Value
     mask: ir.Value | None
+
+
+@functools.cache
+def zeros(ty: ir.Type) -> ir.Constant:
+    """The all-zero constant of `ty`, one object per type and printed `zeroinitializer`:
+    llvmlite spells a vector constant out lane by lane, and formatted 16 floats again for
+    each of the thousands of masked loads and selects that take one (a fifth of
+    MiniLM's printed IR)."""
+    value = ir.Constant(ty, None)
+    value.constant = None  # llvmlite prints a None constant as the type's null
+    return value
+
+
+@functools.cache
+def broadcast_mask(width: int) -> ir.Constant:
+    """The shufflevector mask that broadcasts lane 0 to `width` lanes (one object, so
+    printed once; a shuffle mask must list its lanes)."""
+    return ir.Constant(ir.VectorType(I32, width), [0] * width)
 
 
 def int_constant(value: ir.Value) -> int | None:

@@ -63,6 +63,11 @@ ARGUMENTS_OFFSET_BIT = 1 << 63
 RELEASE_GIL_WORK = 200_000
 # Buffers compared at once by the entry's output-overlap check (one AVX-512 register).
 OVERLAP_LANES = 8
+# Up to this many arrays the entry checks each argument in straight-line code (the fastest
+# per call); a wider function's entry loops over a table of them (`_arrays_check`), whose
+# code is the same for any arity: MiniLM's 102 arrays made 4 500 straight-line
+# instructions, a tenth of its compile, where a call takes milliseconds anyway.
+STRAIGHT_LINE_ARRAYS = 16
 
 
 
@@ -109,7 +114,10 @@ def _require(b: ir.IRBuilder, fallback: ir.Block, condition: ir.Value, name: str
 
 
 def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
-                symbol: str) -> ir.Function:
+                packed: ir.Function, symbol: str) -> ir.Function:
+    """The METH_FASTCALL entry: every argument checked, outputs checked for overlap, the
+    kernel run (through its `packed` trampoline, `i64 packed(ptr addresses)`, for wide
+    functions), None returned; NotImplemented where a check fails or the kernel did."""
     table = declare_runtime_table(module)
     fnty = ir.FunctionType(PTR, [PTR, PTR, I64])
     entry = ir.Function(module, fnty, symbol)
@@ -123,80 +131,202 @@ def build_entry(module: ir.Module, kernel: L.Kernel, kernel_fn: ir.Function,
     b = ir.IRBuilder(entry.append_basic_block("entry"))
     fallback = entry.append_basic_block("fallback")
 
-    def table_slot(slot):
-        return _table_slot(b, table, slot)
-
-    def field(obj, offset, ty):
-        return _field(b, obj, offset, ty)
-
     def require(condition, name):
         _require(b, fallback, condition, name)
 
     names = list(kernel.inputs) + list(kernel.outputs)
+    buffers = [kernel.buffer(name) for name in names]
     require(b.icmp_signed("==", nargs, ir.Constant(I64, len(names))), "arity")
-    ndarray = table_slot(TABLE_NDARRAY)
-    data_pointers, extents = [], []
-    # Few blocks: the entry is compiled optnone, where every value live across a branch is
-    # spilled. Each argument branches on its type (the rest of the object may not exist),
-    # then on its rank (an array of another rank may have fewer dims to read), then once on
-    # dtype, byte order, flags and dims together.
-    for position, name in enumerate(names):
-        buffer = kernel.buffer(name)
-        is_output = position >= len(kernel.inputs)
-        obj = b.load(b.gep(args, [ir.Constant(I64, position)], source_etype=PTR), typ=PTR)
-        require(b.icmp_unsigned("==", field(obj, OB_TYPE, PTR), ndarray), f"type.{position}")
-        require(b.icmp_signed("==", field(obj, ARRAY_ND, I32),
-                              ir.Constant(I32, len(buffer.shape))), f"rank.{position}")
-        descr = field(obj, ARRAY_DESCR, PTR)
-        type_num = field(descr, DESCR_TYPE_NUM, I32)
-        ok = ir.Constant(ir.IntType(1), 0)
-        for accepted in _accepted_type_nums(buffer.dtype):
-            ok = b.or_(ok, b.icmp_signed("==", type_num, ir.Constant(I32, accepted)))
-        big_endian = b.icmp_unsigned("==", field(descr, DESCR_BYTEORDER, I8),
-                                     ir.Constant(I8, ord(">")))
-        ok = b.and_(ok, b.not_(big_endian))
-        flags = field(obj, ARRAY_FLAGS, I32)
-        needed = C_CONTIGUOUS | ALIGNED | (WRITEABLE if is_output else 0)
-        ok = b.and_(ok, b.icmp_unsigned("==", b.and_(flags, ir.Constant(I32, needed)),
-                                        ir.Constant(I32, needed)))
-        if buffer.shape:
-            dims = field(obj, ARRAY_DIMS, PTR)
-            for axis, extent in enumerate(buffer.shape):
-                dim = b.load(b.gep(dims, [ir.Constant(I64, axis)], source_etype=I64), typ=I64)
-                ok = b.and_(ok, b.icmp_signed("==", dim, ir.Constant(I64, extent)))
-        require(ok, f"array.{position}")
-        data = field(obj, ARRAY_DATA, PTR)
-        data_pointers.append(data)
-        extents.append(buffer.nbytes)
-    # Outputs must not overlap any other buffer (they are declared noalias to LLVM). The
-    # starts are padded with zeros to whole vectors for the check (see _disjointness_check).
-    padded = -(-len(names) // OVERLAP_LANES) * OVERLAP_LANES
-    starts = b.alloca(I64, size=ir.Constant(I64, padded))
-    starts.align = 8
-    starts.type = PTR
-    addresses = [b.ptrtoint(p, I64) for p in data_pointers]
-    addresses += [ir.Constant(I64, 0)] * (padded - len(names))
-    for position, address in enumerate(addresses):
-        b.store(address, b.gep(starts, [ir.Constant(I64, position)], source_etype=I64))
-    checker = _disjointness_check(module, symbol, len(kernel.inputs), extents)
-    require(b.call(checker, [starts]), "disjoint")
+    # One address per buffer (then the error record, for the packed trampoline), in whole
+    # vectors for the overlap test, which ignores the lanes past the buffers.
+    slots = max(len(names) + 1, -(-len(names) // OVERLAP_LANES) * OVERLAP_LANES)
+    addresses = b.alloca(PTR, size=ir.Constant(I64, slots))
+    addresses.align = 8
+    addresses.type = PTR
+    wide = len(names) > STRAIGHT_LINE_ARRAYS
+    if wide:
+        arrays = _arrays_check(module, symbol, buffers, len(kernel.inputs))
+        require(b.call(arrays, [args, addresses]), "arrays")
+    else:
+        data_pointers = _straight_line_checks(b, table, args, buffers, len(kernel.inputs),
+                                              require)
+        for position, data in enumerate(data_pointers):
+            b.store(data, b.gep(addresses, [ir.Constant(I64, position)], source_etype=PTR))
+    checker = _disjointness_check(module, symbol, len(kernel.inputs),
+                                  [buffer.nbytes for buffer in buffers])
+    require(b.call(checker, [addresses]), "disjoint")
     error_record = b.alloca(I64, size=ir.Constant(I64, 3))
     error_record.type = PTR
     release = L.work(kernel.body) >= RELEASE_GIL_WORK
     if release:
         thread_state = _cpython(b, table, TABLE_SAVE_THREAD, [])
-    status = b.call(kernel_fn, data_pointers + [error_record])
+    if wide:
+        b.store(error_record, b.gep(addresses, [ir.Constant(I64, len(names))],
+                                    source_etype=PTR))
+        status = b.call(packed, [addresses])
+    else:
+        status = b.call(kernel_fn, data_pointers + [error_record])
     if release:
         _cpython(b, table, TABLE_RESTORE_THREAD, [thread_state])
     require(b.icmp_signed("==", status, ir.Constant(I64, 0)), "succeeded")
-    none = table_slot(TABLE_NONE)
+    none = _table_slot(b, table, TABLE_NONE)
     _cpython(b, table, TABLE_INCREF, [none])
     b.ret(none)
     b.position_at_end(fallback)
-    not_implemented = table_slot(TABLE_NOT_IMPLEMENTED)
+    not_implemented = _table_slot(b, table, TABLE_NOT_IMPLEMENTED)
     _cpython(b, table, TABLE_INCREF, [not_implemented])
     b.ret(not_implemented)
     return entry
+
+
+def _straight_line_checks(b: ir.IRBuilder, table: ir.GlobalVariable, args: ir.Value,
+                          buffers: list[L.Buffer], inputs: int, require) -> list[ir.Value]:
+    """Each argument's checks in the entry itself (the fastest per call, ~45 instructions
+    an argument); returns the data pointers. Few blocks: the entry is compiled optnone,
+    where every value live across a branch is spilled. Each argument branches on its type
+    (the rest of the object may not exist), then on its rank (an array of another rank may
+    have fewer dims to read), then once on dtype, byte order, flags and dims together."""
+    ndarray = _table_slot(b, table, TABLE_NDARRAY)
+    data_pointers = []
+    for position, buffer in enumerate(buffers):
+        obj = b.load(b.gep(args, [ir.Constant(I64, position)], source_etype=PTR), typ=PTR)
+        require(b.icmp_unsigned("==", _field(b, obj, OB_TYPE, PTR), ndarray),
+                f"type.{position}")
+        require(b.icmp_signed("==", _field(b, obj, ARRAY_ND, I32),
+                              ir.Constant(I32, len(buffer.shape))), f"rank.{position}")
+        descr = _field(b, obj, ARRAY_DESCR, PTR)
+        type_num = _field(b, descr, DESCR_TYPE_NUM, I32)
+        ok = ir.Constant(ir.IntType(1), 0)
+        for accepted in _accepted_type_nums(buffer.dtype):
+            ok = b.or_(ok, b.icmp_signed("==", type_num, ir.Constant(I32, accepted)))
+        big_endian = b.icmp_unsigned("==", _field(b, descr, DESCR_BYTEORDER, I8),
+                                     ir.Constant(I8, ord(">")))
+        ok = b.and_(ok, b.not_(big_endian))
+        flags = _field(b, obj, ARRAY_FLAGS, I32)
+        needed = C_CONTIGUOUS | ALIGNED | (WRITEABLE if position >= inputs else 0)
+        ok = b.and_(ok, b.icmp_unsigned("==", b.and_(flags, ir.Constant(I32, needed)),
+                                        ir.Constant(I32, needed)))
+        if buffer.shape:
+            dims = _field(b, obj, ARRAY_DIMS, PTR)
+            for axis, extent in enumerate(buffer.shape):
+                dim = b.load(b.gep(dims, [ir.Constant(I64, axis)], source_etype=I64), typ=I64)
+                ok = b.and_(ok, b.icmp_signed("==", dim, ir.Constant(I64, extent)))
+        require(ok, f"array.{position}")
+        data_pointers.append(_field(b, obj, ARRAY_DATA, PTR))
+    return data_pointers
+
+
+# The per-argument table `_arrays_check` reads: rank, the flags needed, where the shape
+# starts in the shapes table, and the accepted type numbers (repeated to fill the slots).
+(ARG_RANK, ARG_FLAGS, ARG_SHAPE_AT, ARG_TYPES) = range(4)
+TYPE_SLOTS = 4
+ARG_FIELDS = ARG_TYPES + TYPE_SLOTS
+
+
+def _argument_table(buffers: list[L.Buffer], inputs: int) -> tuple[list[int], list[int]]:
+    """(argument rows, shapes) for `_arrays_check`."""
+    rows, shapes = [], []
+    for position, buffer in enumerate(buffers):
+        accepted = _accepted_type_nums(buffer.dtype)
+        if len(accepted) > TYPE_SLOTS:
+            raise ValueError(f"{buffer.dtype} has {len(accepted)} NumPy type numbers")
+        needed = C_CONTIGUOUS | ALIGNED | (WRITEABLE if position >= inputs else 0)
+        types = list(accepted) + [accepted[0]] * (TYPE_SLOTS - len(accepted))
+        rows += [len(buffer.shape), needed, len(shapes), *types]
+        shapes += list(buffer.shape)
+    return rows, shapes
+
+
+def _constant_table(module: ir.Module, name: str, values: list[int]) -> ir.GlobalVariable:
+    array = ir.ArrayType(I64, max(1, len(values)))
+    table = ir.GlobalVariable(module, array, name)
+    table.linkage = "private"
+    table.global_constant = True
+    table.initializer = ir.Constant(array, values or [0])
+    return table
+
+
+def _arrays_check(module: ir.Module, symbol: str, buffers: list[L.Buffer],
+                  inputs: int) -> ir.Function:
+    """`i1 <symbol>.arrays(ptr args, ptr addresses)`: whether every argument is an ndarray
+    of its buffer's rank, dims and element type (native byte order), C-contiguous and
+    aligned (and writeable for an output), storing each one's data pointer in
+    `addresses`. A loop over a constant table of the arguments: the same code for any
+    arity. Each argument's type is checked before anything else is read from it (another
+    object may be shorter), and its rank before its dims (an array of lower rank has fewer
+    to read)."""
+    rows, shapes = _argument_table(buffers, inputs)
+    argument_table = _constant_table(module, symbol + ".arguments", rows)
+    shape_table = _constant_table(module, symbol + ".shapes", shapes)
+    runtime = declare_runtime_table(module)
+    function = ir.Function(module, ir.FunctionType(ir.IntType(1), [PTR, PTR]),
+                           symbol + ".arrays")
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    args, addresses = function.args
+    blocks = {name: function.append_basic_block(name) for name in (
+        "entry", "next", "argument", "array", "descr", "dims", "dim", "passed", "failed",
+        "done")}
+    b = ir.IRBuilder(blocks["entry"])
+    ndarray = _table_slot(b, runtime, TABLE_NDARRAY)
+    b.branch(blocks["next"])
+
+    def row(position, field, ty=I64):
+        index = b.add(b.mul(position, ir.Constant(I64, ARG_FIELDS)), ir.Constant(I64, field))
+        value = b.load(b.gep(argument_table, [ir.Constant(I64, 0), index],
+                             source_etype=argument_table.value_type), typ=I64)
+        return value if ty is I64 else b.trunc(value, ty)
+
+    b.position_at_end(blocks["next"])  # for position in 0..len(buffers)
+    position = b.phi(I64, "position")
+    position.add_incoming(ir.Constant(I64, 0), blocks["entry"])
+    b.cbranch(b.icmp_unsigned("<", position, ir.Constant(I64, len(buffers))),
+              blocks["argument"], blocks["done"])
+
+    b.position_at_end(blocks["argument"])
+    obj = b.load(b.gep(args, [position], source_etype=PTR), typ=PTR)
+    b.cbranch(b.icmp_unsigned("==", _field(b, obj, OB_TYPE, PTR), ndarray), blocks["array"],
+              blocks["failed"])
+
+    b.position_at_end(blocks["array"])
+    rank = row(position, ARG_RANK)
+    b.cbranch(b.icmp_signed("==", _field(b, obj, ARRAY_ND, I32), b.trunc(rank, I32)),
+              blocks["descr"], blocks["failed"])
+
+    b.position_at_end(blocks["descr"])
+    descr = _field(b, obj, ARRAY_DESCR, PTR)
+    type_num = _field(b, descr, DESCR_TYPE_NUM, I32)
+    ok = ir.Constant(ir.IntType(1), 0)
+    for slot in range(TYPE_SLOTS):
+        ok = b.or_(ok, b.icmp_signed("==", type_num, row(position, ARG_TYPES + slot, I32)))
+    ok = b.and_(ok, b.icmp_unsigned("!=", _field(b, descr, DESCR_BYTEORDER, I8),
+                                    ir.Constant(I8, ord(">"))))
+    needed = row(position, ARG_FLAGS, I32)
+    ok = b.and_(ok, b.icmp_unsigned("==", b.and_(_field(b, obj, ARRAY_FLAGS, I32), needed),
+                                    needed))
+    dims = _field(b, obj, ARRAY_DIMS, PTR)
+    shape_at = row(position, ARG_SHAPE_AT)
+    b.cbranch(ok, blocks["dims"], blocks["failed"])
+
+    b.position_at_end(blocks["dims"])  # for axis in 0..rank
+    axis = b.phi(I64, "axis")
+    axis.add_incoming(ir.Constant(I64, 0), blocks["descr"])
+    b.cbranch(b.icmp_signed("<", axis, rank), blocks["dim"], blocks["passed"])
+
+    b.position_at_end(blocks["dim"])
+    dim = b.load(b.gep(dims, [axis], source_etype=I64), typ=I64)
+    extent = b.load(b.gep(shape_table, [ir.Constant(I64, 0), b.add(shape_at, axis)],
+                          source_etype=shape_table.value_type), typ=I64)
+    axis.add_incoming(b.add(axis, ir.Constant(I64, 1)), blocks["dim"])
+    b.cbranch(b.icmp_signed("==", dim, extent), blocks["dims"], blocks["failed"])
+
+    b.position_at_end(blocks["passed"])
+    b.store(_field(b, obj, ARRAY_DATA, PTR), b.gep(addresses, [position], source_etype=PTR))
+    position.add_incoming(b.add(position, ir.Constant(I64, 1)), blocks["passed"])
+    b.branch(blocks["next"])
+
+    _answer(b, blocks["failed"], blocks["done"])
+    return function
 
 
 def build_keyword_entry(module: ir.Module, kernel: L.Kernel, entry: ir.Function,
@@ -260,8 +390,9 @@ def build_keyword_entry(module: ir.Module, kernel: L.Kernel, entry: ir.Function,
 def _disjointness_check(module: ir.Module, symbol: str, inputs: int,
                         extents: list[int]) -> ir.Function:
     """`i1 <symbol>.disjoint(ptr starts)`: whether each output's bytes [start, start +
-    extent) overlap no other buffer's. `starts` holds one address per buffer, padded with
-    zeros to a multiple of OVERLAP_LANES. Outside the optnone entry, so that LLVM optimises
+    extent) overlap no other buffer's. `starts` holds one address per buffer, in room for
+    a whole number of OVERLAP_LANES vectors: the lanes past the buffers (padding, or the
+    entry's error record) are ignored. Outside the optnone entry, so that LLVM optimises
     it.
 
     A loop over the outputs around a loop over the buffers, OVERLAP_LANES at a time in
@@ -277,13 +408,13 @@ def _disjointness_check(module: ir.Module, symbol: str, inputs: int,
     chunks = -(-count // OVERLAP_LANES)
     lanes = ir.VectorType(I64, OVERLAP_LANES)
     mask_type = ir.IntType(OVERLAP_LANES)
-    # Padding lanes have start 0 and extent 0: they end at 0, before every real buffer.
     padded = extents + [0] * (chunks * OVERLAP_LANES - count)
     extent_table = ir.GlobalVariable(module, ir.ArrayType(I64, len(padded)), symbol + ".extents")
     extent_table.linkage = "private"
     extent_table.global_constant = True
     extent_table.initializer = ir.Constant(ir.ArrayType(I64, len(padded)), padded)
     lane_numbers = ir.Constant(lanes, list(range(OVERLAP_LANES)))
+    buffer_count = ir.Constant(lanes, [count] * OVERLAP_LANES)
 
     blocks = {name: function.append_basic_block(name) for name in (
         "entry", "outputs", "output", "buffers", "chunk", "next_output", "overlap", "disjoint")}
@@ -323,7 +454,8 @@ def _disjointness_check(module: ir.Module, symbol: str, inputs: int,
     index = b.add(splat(b, first), lane_numbers)
     apart = b.or_(b.or_(b.icmp_unsigned("<=", out_end, other_start),
                         b.icmp_unsigned("<=", other_end, out_start)),
-                  b.icmp_unsigned("==", index, out_index))  # an output is not its own overlap
+                  b.or_(b.icmp_unsigned("==", index, out_index),  # not its own overlap
+                        b.icmp_unsigned(">=", index, buffer_count)))  # past the buffers
     all_apart = b.icmp_unsigned("==", b.bitcast(apart, mask_type),
                                 ir.Constant(mask_type, (1 << OVERLAP_LANES) - 1))
     chunk.add_incoming(b.add(chunk, ir.Constant(I64, 1)), blocks["chunk"])
@@ -333,11 +465,16 @@ def _disjointness_check(module: ir.Module, symbol: str, inputs: int,
     out.add_incoming(b.add(out, ir.Constant(I64, 1)), blocks["next_output"])
     b.branch(blocks["outputs"])
 
-    b.position_at_end(blocks["overlap"])
-    b.ret(ir.Constant(ir.IntType(1), 0))
-    b.position_at_end(blocks["disjoint"])
-    b.ret(ir.Constant(ir.IntType(1), 1))
+    _answer(b, blocks["overlap"], blocks["disjoint"])
     return function
+
+
+def _answer(b: ir.IRBuilder, no: ir.Block, yes: ir.Block) -> None:
+    """A check's two exits: false from `no`, true from `yes`."""
+    b.position_at_end(no)
+    b.ret(ir.Constant(ir.IntType(1), 0))
+    b.position_at_end(yes)
+    b.ret(ir.Constant(ir.IntType(1), 1))
 
 
 def fill_runtime_table(address: int) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen_values import SCALAR_LLVM, Lane, Val, bind_flat_index
+from .codegen_values import SCALAR_LLVM, Lane, Val, bind_flat_index, int_constant, zeros
 from .micro_kernel import (
     I64,
     PTR,
@@ -269,6 +269,8 @@ class _GemmEmitter:
         self.a_stride = -(-gemm.tiles.kc // self.lanes) * self.lanes
         # A column split gives each thread a multiple of this many columns (or up to n).
         self.column_unit = gemm.tiles.nr
+        # The depth block `rows` is packing, when it is a whole number of vectors.
+        self.whole_depth_block = None
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -293,6 +295,22 @@ class _GemmEmitter:
         steps = ir.Constant(ir.VectorType(I64, self.lanes), list(range(self.lanes)))
         index = self.b.add(self.cg.splat(first, self.lanes), steps)
         return self.b.icmp_signed("<", index, self.cg.splat(limit, self.lanes))
+
+    def depth_mask(self, k, kc):
+        """lane_mask(k, kc) for depths k.. of a depth block of kc (k a multiple of the
+        vector width from 0), or None where every lane is inside: kc a whole number of
+        vectors (the masks cost as many instructions as the loads they guard)."""
+        whole = kc is self.whole_depth_block or (int_constant(kc) or 1) % self.lanes == 0
+        return None if whole else self.lane_mask(k, kc)
+
+    def whole_panels(self) -> bool:
+        """Whether every B micro-panel lies inside N (no column of a panel needs masking):
+        N a multiple of nr, and a column split hands out whole panels."""
+        return self.g.n % self.tiles.nr == 0 and self.column_unit % self.tiles.nr == 0
+
+    def column_mask(self, first):
+        """lane_mask(first, n) for B's columns first.. of a micro-panel (None: all inside)."""
+        return None if self.whole_panels() else self.lane_mask(first, self.const(self.g.n))
 
     def scratch(self, count: int):
         """This thread's block for the packed panels, cached between calls in one slot per
@@ -340,6 +358,8 @@ class _GemmEmitter:
 
             def depth_block(pc, carried):
                 kc = _smin(self.b, self.const(t.kc), self.b.sub(self.const(g.k_extent), pc))
+                whole = g.k_extent % self.lanes == 0 and t.kc % self.lanes == 0
+                self.whole_depth_block = kc if whole else None
                 self.pack_b(packed_b, jc, nc, pc, kc)
                 first = self.b.icmp_signed("==", pc, self.const(0))
 
@@ -372,7 +392,9 @@ class _GemmEmitter:
         value = cg.as_vector(cg.expr(expr))
         cg.pop_scope()
         cg.lane = saved
-        return self.b.select(mask, value, ir.Constant(self.vector, None))
+        if mask is None:  # every lane inside
+            return value
+        return self.b.select(mask, value, zeros(self.vector))
 
     def _read_across(self, expr: L.Expr, packed_along: L.Var, across: L.Var) -> bool:
         """Whether `expr` is contiguous along `across` but not along `packed_along` (a
@@ -393,7 +415,7 @@ class _GemmEmitter:
             def depth(k, carried):
                 for part in range(self.vectors_per_row):
                     first = self.b.add(self.b.add(jc, jr), self.const(part * self.lanes))
-                    mask = self.lane_mask(first, self.const(g.n))
+                    mask = self.column_mask(first)
                     value = self._tile_value(g.b_elem, g.j, first, mask,
                                              [(g.k, self.b.add(pc, k))])
                     offset = self.b.add(self.b.add(self.b.mul(jr, kc),
@@ -411,8 +433,9 @@ class _GemmEmitter:
         pair (outside: zeros); then transposed, so row t holds lane t of every vector."""
         b, vectors = self.b, []
         for v in range(self.lanes):
-            value, inside = fixed_at(v)
-            mask = b.and_(lane_mask, self.cg.splat(inside, self.lanes))
+            value, inside = fixed_at(v)  # inside None: always
+            mask = lane_mask if inside is None else self.cg.splat(inside, self.lanes) \
+                if lane_mask is None else b.and_(lane_mask, self.cg.splat(inside, self.lanes))
             vectors.append(self._tile_value(expr, lane_var, lane_base, mask,
                                             [(fixed_var, value)]))
         return _transpose(b, vectors)
@@ -435,10 +458,12 @@ class _GemmEmitter:
         whole = b.and_(kc, self.const(-lanes))  # depths in full chunks of `lanes`
 
         def chunk(jr, k, partial: bool):
-            depth_mask = self.lane_mask(k, kc)
+            depth_mask = self.depth_mask(k, kc)
             for part in range(self.vectors_per_row):
                 def column(r, part=part):
                     index = b.add(b.add(jc, jr), self.const(part * lanes + r))
+                    if self.whole_panels():
+                        return index, None
                     return index, b.icmp_signed("<", index, self.const(g.n))
                 rows = self._transposed_block(g.b_elem, g.k, b.add(pc, k), depth_mask, g.j,
                                               column)
@@ -449,8 +474,9 @@ class _GemmEmitter:
         def panel(jr, carried):
             self.cg.loop(self.const(0), whole, lanes, [],
                           lambda k, carried: chunk(jr, k, False) or carried)
-            with b.if_then(b.icmp_signed("<", whole, kc)):
-                chunk(jr, whole, True)
+            if self.depth_mask(whole, kc) is not None:  # else no partial chunk
+                with b.if_then(b.icmp_signed("<", whole, kc)):
+                    chunk(jr, whole, True)
             return carried
         self.cg.loop(self.const(0), nc, nr, [], panel)
 
@@ -468,7 +494,7 @@ class _GemmEmitter:
 
         def row(r, carried):
             def depth(k, carried):
-                mask = self.lane_mask(k, kc)
+                mask = self.depth_mask(k, kc)
                 value = self._tile_value(g.a_elem, g.k, self.b.add(pc, k), mask,
                                          [(g.i, self.b.add(ic, r))])
                 self.store_packed(value, self.gep(packed, self.a_offset(r, k)))
@@ -484,6 +510,8 @@ class _GemmEmitter:
         calls 3-7x slower, by how the process' heap happened to be filled; the bf16 dot
         products flush denormals themselves)."""
         b, mr = self.b, self.tiles.mr
+        if self.g.m % mr == 0:
+            return  # row blocks start at multiples of mr and end at one or at M: all whole
         end = _smin(b, b.mul(b.sdiv(b.add(mc, self.const(mr - 1)), self.const(mr)),
                              self.const(mr)), self.const(self.tiles.mc))
         zero = ir.Constant(self.vector, None)
@@ -508,6 +536,8 @@ class _GemmEmitter:
 
             def depth(k, carried):
                 def at_depth(d):
+                    if self.depth_mask(k, kc) is None:
+                        return b.add(pc, b.add(k, self.const(d))), None
                     return (b.add(pc, b.add(k, self.const(d))),
                             b.icmp_signed("<", b.add(k, self.const(d)), kc))
                 rows = self._transposed_block(g.a_elem, g.i, b.add(ic, r), row_mask, g.k,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import loopir as L
-from .codegen_values import I1, I64, PTR, SCALAR_LLVM
+from .codegen_values import I1, I64, PTR, SCALAR_LLVM, broadcast_mask, zeros
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
@@ -77,9 +77,8 @@ def declare_intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list) ->
 def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
     i32 = ir.IntType(32)
     ty = ir.VectorType(value.type, lanes)
-    inserted = b.insert_element(ir.Constant(ty, None), value, ir.Constant(i32, 0))
-    return b.shuffle_vector(inserted, ir.Constant(ty, None),
-                            ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+    inserted = b.insert_element(zeros(ty), value, ir.Constant(i32, 0))
+    return b.shuffle_vector(inserted, zeros(ty), broadcast_mask(lanes))
 
 
 def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts: int,
@@ -125,7 +124,7 @@ def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts:
     b.position_at_end(loop)
     k = b.phi(I64, name="k")
     k.add_incoming(const(0), entry)
-    zero = ir.Constant(vector, None)
+    zero = zeros(vector)
     accumulators = []
     for _ in range(mr * parts):
         phi = b.phi(vector)

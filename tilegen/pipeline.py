@@ -232,8 +232,8 @@ def codegen(plans: list[KernelPlan], module_name: str = "kina",
     for plan in plans:
         kernel_fn = KernelCodegen(module, plan.kernel, plan.symbol, math, target,
                                   EMITTERS, profile, plan.stack_bytes).build()
-        build_packed_entry(module, kernel_fn, plan.packed_symbol)
-        entry = build_entry(module, plan.kernel, kernel_fn, plan.entry_symbol)
+        packed = build_packed_entry(module, kernel_fn, plan.packed_symbol)
+        entry = build_entry(module, plan.kernel, kernel_fn, packed, plan.entry_symbol)
         build_keyword_entry(module, plan.kernel, entry, plan.call_symbol)
     return module
 

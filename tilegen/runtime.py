@@ -24,6 +24,7 @@ import numpy as np
 from . import forksafe
 from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
+from .gcpause import collector_paused
 from .gemm_amx import STATUS_NO_TILE_DATA
 from .interop import ArgumentError, as_input, as_output
 from .openmp import load_openmp_runtime as _load_openmp_runtime
@@ -302,7 +303,7 @@ class NativeProgram:
         compiled = self._functions.get(name)
         if compiled is not None:
             return compiled
-        with self._lock:
+        with self._lock, collector_paused():
             if name not in self._functions:
                 self._functions[name] = self._wrap(name)
             return self._functions[name]
