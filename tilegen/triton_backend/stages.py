@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import re
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
 from .. import target as host
+from ..gcpause import collector_paused
 from .emit import ProgramEmitter
 from .grid import emit_launcher
 from .tileir import Program, TileError, format_program
@@ -24,27 +23,11 @@ class TileText(str):
     program: Program
 
 
-@contextlib.contextmanager
-def collector_paused():
-    """Python's cyclic collector off while a stage builds its objects, then one collection
-    of the young generation (used as a decorator, so it runs once the stage's locals are
-    gone). The tile IR and llvmlite's IR (whose values point back at their blocks and
-    functions: cycles) live for the whole stage, so the collections that ran inside it
-    found nothing to free but promoted them, ~10^4 objects a compile, into the old
-    generation, whose growth sets off full collections of the whole heap, torch's and
-    Triton's objects included (~0.3 s each in a test process, about every 8 compiles;
-    ~25 ms of collector time per compile on average, ~4 ms with the pause). Nothing
-    changes when the collector was already off (a stage inside a paused stage, or another
-    thread's compile that paused it first: the switch is process-wide)."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        gc.collect(0)
+# The stages pause Python's cyclic collector as tilegen's own compile does
+# (tilegen/gcpause.py): the tile IR and llvmlite's IR live for the whole stage, and
+# collections inside it only promoted them (~10^4 objects a compile) into the old
+# generation, whose growth set off full collections of torch's and Triton's objects too
+# (~0.3 s each in a test process, about every 8 compiles).
 
 
 @collector_paused()
