@@ -14,7 +14,7 @@ from llvmlite import ir
 
 from .gemm import _smin
 from .gemm_bf16 import AMX_DEPTH, AMX_TILE_ROWS, LANES, NamedLLVMType
-from .micro_kernel import I64, PTR, declare_intrinsic, element_pointer, splat
+from .micro_kernel import I64, PTR, carried_loop, declare_intrinsic, element_pointer, splat
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
@@ -190,55 +190,34 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
                for tr in range(row_tiles) for tc in range(column_tiles)]
 
     # The depth loop: per 32 depths, row_tiles A tiles and column_tiles B tiles.
-    entry = b.block
-    loop = function.append_basic_block("depth")
-    done = function.append_basic_block("store")
-    b.cbranch(b.icmp_signed(">", run_length, const(0)), loop, done)
-    b.position_at_end(loop)
-    step = b.phi(I64, name="step")
-    step.add_incoming(const(0), entry)
-    accumulators = []
-    for value in initial:
-        phi = b.phi(TILE)
-        phi.add_incoming(value, entry)
-        accumulators.append(phi)
     b_row_bytes = const(2 * 2 * panel_columns)  # one depth pair of the panel's columns
-    in_main = b.icmp_signed("<", step, run_main)
-    a_step = b.select(in_main, element_pointer(b, a, b.mul(step, step_bytes), byte), tail)
-    a_stride = b.select(in_main, row_bytes, tile_bytes_wide)
-    a_tiles = [b.call(load_a, [tile_rows, tile_bytes, element_pointer(
-        b, a_step, b.mul(a_stride, const(tr * AMX_TILE_ROWS)), byte), a_stride])
-        for tr in range(row_tiles)]
-    b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * panel_columns))  # 16 pairs a step
-    b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
-        b, run_b, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
-        for tc in range(column_tiles)]
-    if a_in_place:
-        _prefetch(module, b, a, run_b, b.add(step, const(PREFETCH_STEPS)), mr, nr,
-                  panel_columns, row_bytes, step_bytes)
-    if PREFETCH_C:
-        _prefetch_next_c(module, b, c, c_stride, step, mr, nr, rows_per_step)
-    # Runs of run_steps and a shorter last: (run, block, step) numbers 0 .. blocks x steps.
-    _prefetch_ahead(module, b, ahead, ahead_stride, ahead_rows, b.add(
-        b.mul(run_start, blocks), b.add(b.mul(block, run_length), step)))
-    updated = [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
-                            accumulators[tr * column_tiles + tc], a_tiles[tr], b_tiles[tc]])
-               for tr in range(row_tiles) for tc in range(column_tiles)]
-    following = b.add(step, const(1), flags=("nsw",))
-    latch = b.block
-    step.add_incoming(following, latch)
-    for phi, value in zip(accumulators, updated, strict=True):
-        phi.add_incoming(value, latch)
-    b.cbranch(b.icmp_signed("<", following, run_length), loop, done)
+
+    def depth_step(step, accumulators):
+        in_main = b.icmp_signed("<", step, run_main)
+        a_step = b.select(in_main, element_pointer(b, a, b.mul(step, step_bytes), byte), tail)
+        a_stride = b.select(in_main, row_bytes, tile_bytes_wide)
+        a_tiles = [b.call(load_a, [tile_rows, tile_bytes, element_pointer(
+            b, a_step, b.mul(a_stride, const(tr * AMX_TILE_ROWS)), byte), a_stride])
+            for tr in range(row_tiles)]
+        b_step = b.mul(step, const(AMX_DEPTH // 2 * 2 * 2 * panel_columns))  # 16 pairs
+        b_tiles = [b.call(load, [tile_rows, tile_bytes, element_pointer(
+            b, run_b, b.add(b_step, const(tc * TILE_BYTES)), byte), b_row_bytes])
+            for tc in range(column_tiles)]
+        if a_in_place:
+            _prefetch(module, b, a, run_b, b.add(step, const(PREFETCH_STEPS)), mr, nr,
+                      panel_columns, row_bytes, step_bytes)
+        if PREFETCH_C:
+            _prefetch_next_c(module, b, c, c_stride, step, mr, nr, rows_per_step)
+        # Runs of run_steps and a shorter last: (run, block, step) numbers 0 .. blocks x
+        # steps.
+        _prefetch_ahead(module, b, ahead, ahead_stride, ahead_rows, b.add(
+            b.mul(run_start, blocks), b.add(b.mul(block, run_length), step)))
+        return [b.call(dot, [tile_rows, tile_bytes, tile_bytes,
+                             accumulators[tr * column_tiles + tc], a_tiles[tr], b_tiles[tc]])
+                for tr in range(row_tiles) for tc in range(column_tiles)]
+    finals = carried_loop(b, function, run_length, initial, depth_step, "depth", "step")
 
     # Whole blocks go straight to C; ragged ones through the staging block, then under masks.
-    b.position_at_end(done)
-    finals = []
-    for start_value, value in zip(initial, updated, strict=True):
-        final = b.phi(TILE)
-        final.add_incoming(start_value, entry)
-        final.add_incoming(value, latch)
-        finals.append(final)
     out = b.select(whole, c, stage)
     out_stride = b.select(whole, c_stride, stage_stride)
     for index, final in enumerate(finals):

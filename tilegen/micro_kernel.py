@@ -81,6 +81,40 @@ def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
     return b.shuffle_vector(inserted, zeros(ty), broadcast_mask(lanes))
 
 
+def carried_loop(b: ir.IRBuilder, function: ir.Function, count, initial: list, body,
+                 block_name: str, counter_name: str) -> list:
+    """A loop of `count` trips (none when count <= 0) carrying the values `initial` as
+    phis: `body(counter, carried) -> updated` builds one trip. Returns the values after the
+    loop (`initial` when it ran no trip), the builder left in its exit block, "store"."""
+    entry = b.block
+    loop = function.append_basic_block(block_name)
+    done = function.append_basic_block("store")
+    b.cbranch(b.icmp_signed(">", count, ir.Constant(I64, 0)), loop, done)
+    b.position_at_end(loop)
+    counter = b.phi(I64, name=counter_name)
+    counter.add_incoming(ir.Constant(I64, 0), entry)
+    carried = []
+    for value in initial:
+        phi = b.phi(value.type)
+        phi.add_incoming(value, entry)
+        carried.append(phi)
+    updated = body(counter, carried)
+    following = b.add(counter, ir.Constant(I64, 1), flags=("nsw",))
+    latch = b.block
+    counter.add_incoming(following, latch)
+    for phi, value in zip(carried, updated, strict=True):
+        phi.add_incoming(value, latch)
+    b.cbranch(b.icmp_signed("<", following, count), loop, done)
+    b.position_at_end(done)
+    finals = []
+    for start, value in zip(initial, updated, strict=True):
+        final = b.phi(value.type)
+        final.add_incoming(start, entry)
+        final.add_incoming(value, latch)
+        finals.append(final)
+    return finals
+
+
 def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts: int,
                        lanes: int, step, masked_b: bool = False) -> ir.Function:
     """The micro-kernel around `step(builder, a, b, k, accumulators) -> updated`, one step
@@ -117,36 +151,14 @@ def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts:
                            splat(b, cols, lanes)) for part in range(parts)]
 
     # The k loop, accumulators carried as phis.
-    entry = b.block
-    loop = function.append_basic_block("k")
-    done = function.append_basic_block("store")
-    b.cbranch(b.icmp_signed(">", kc, const(0)), loop, done)
-    b.position_at_end(loop)
-    k = b.phi(I64, name="k")
-    k.add_incoming(const(0), entry)
     zero = zeros(vector)
-    accumulators = []
-    for _ in range(mr * parts):
-        phi = b.phi(vector)
-        phi.add_incoming(zero, entry)
-        accumulators.append(phi)
-    updated = step(b, a, bp, k, accumulators, masks) if masked_b else \
-        step(b, a, bp, k, accumulators)
-    following = b.add(k, const(1), flags=("nsw",))
-    latch = b.block
-    k.add_incoming(following, latch)
-    for phi, value in zip(accumulators, updated, strict=True):
-        phi.add_incoming(value, latch)
-    b.cbranch(b.icmp_signed("<", following, kc), loop, done)
+
+    def body(k, accumulators):
+        return step(b, a, bp, k, accumulators, masks) if masked_b else \
+            step(b, a, bp, k, accumulators)
+    finals = carried_loop(b, function, kc, [zero] * (mr * parts), body, "k", "k")
 
     # Store: rows below `rows`, lanes below `cols`; accumulate unless `first`.
-    b.position_at_end(done)
-    finals = []
-    for value in updated:
-        merged = b.phi(vector)
-        merged.add_incoming(zero, entry)
-        merged.add_incoming(value, latch)
-        finals.append(merged)
     align = ir.Constant(i32, L.ELEMENT_BYTES[dtype])
     for r in range(mr):
         with b.if_then(b.icmp_signed("<", const(r), rows)):

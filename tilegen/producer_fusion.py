@@ -19,6 +19,7 @@ itself, once, in a `let`. At MiniLM's 32 x 128 tokens that temporary is 4096 x 1
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from . import loopir as L
@@ -32,6 +33,7 @@ def fuse_producers_pass(kernel: L.Kernel, target: Target) -> L.Kernel:
     strides = {b.name: b.strides for b in kernel.buffers}
     temps = {b.name: b for b in kernel.buffers if b.role == "temp"}
     touched = [touched_buffers(stmt) for stmt in kernel.body]
+    touchers = Counter(name for names in touched for name in names)
     body: list[L.Stmt] = []
     fused_away: set[str] = set()
     position = 0
@@ -39,9 +41,10 @@ def fuse_producers_pass(kernel: L.Kernel, target: Target) -> L.Kernel:
         stmt = kernel.body[position]
         if position + 1 < len(kernel.body):
             consumer = kernel.body[position + 1]
-            others = [names for at, names in enumerate(touched)
-                      if at not in (position, position + 1)]
-            fused = _fused(stmt, consumer, temps, others, strides, target)
+            following = touched[position + 1]
+            only_here = {name for name in touched[position]
+                         if touchers[name] == 1 + (name in following)}
+            fused = _fused(stmt, consumer, temps, only_here, strides, target)
             if fused is not None:
                 nest, temporary = fused
                 fused_away.add(temporary)
@@ -57,7 +60,9 @@ def fuse_producers_pass(kernel: L.Kernel, target: Target) -> L.Kernel:
 
 
 def _fused(producer: L.Stmt, consumer: L.Stmt, temps: dict[str, L.Buffer],
-           others: list[set[str]], strides, target: Target) -> tuple[L.For, str] | None:
+           only_here: set[str], strides, target: Target) -> tuple[L.For, str] | None:
+    """The fused nest and the temporary it removes, or None; `only_here`: the buffers the
+    producer touches that no statement but the two does."""
     loops = L.perfect_nest(producer)
     inner_loops = L.perfect_nest(consumer)
     if not loops or len(loops) != len(inner_loops):
@@ -68,8 +73,7 @@ def _fused(producer: L.Stmt, consumer: L.Stmt, temps: dict[str, L.Buffer],
     if not isinstance(store, L.Store) or not all(isinstance(s, L.Let) for s in lets):
         return None
     buffer = temps.get(store.buffer)
-    if buffer is None or buffer.dtype != store.value.dtype \
-            or any(buffer.name in names for names in others):
+    if buffer is None or buffer.dtype != store.value.dtype or buffer.name not in only_here:
         return None
     if not _one_element_per_iteration(store.index, loops):
         return None
