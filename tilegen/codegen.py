@@ -36,8 +36,9 @@ from .codegen_values import (
     type_suffix,
 )
 from .emitplan import UNROLL_TRIPS, tail_width
-from .frame import plan_frame
+from .frame import ALIGN, plan_frame
 from .irbuilder import Builder
+from .micro_kernel import cache_line_aligned
 from .target import Target
 from .vecmath import MathLibrary
 
@@ -174,15 +175,19 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
         if not offsets:
             return
         slot = self.block_slot(self.new_block_slots(1), ir.Constant(I64, 0))
-        block = self.acquire_block(slot, total)
+        # ALIGN bytes to spare: malloc returns blocks this large 16 bytes past a page, which
+        # put every temporary 16 bytes past a cache line, so each 64-byte vector access
+        # and each row of an AMX tile read or written there touched two lines.
+        block = self.acquire_block(slot, total + ALIGN)
         self.workspace = (block, slot)
         # Running out of memory ends the call with status -1 instead of a crash; the block
         # dominates the exit block, which puts it back (null included) in its slot.
         failed = self.b.icmp_unsigned("==", block, ir.Constant(PTR, None))
         with self.b.if_then(failed, likely=False):
             self.exit_with(ir.Constant(I64, -1))
+        base = cache_line_aligned(self.b, block)
         for name, offset in offsets.items():
-            pointer = self.b.gep(block, [ir.Constant(I64, offset)], source_etype=ir.IntType(8),
+            pointer = self.b.gep(base, [ir.Constant(I64, offset)], source_etype=ir.IntType(8),
                                  name=f"heap.{name}")
             pointer.type = PTR
             self.pointers[name] = pointer
