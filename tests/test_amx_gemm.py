@@ -82,8 +82,9 @@ def _check(got, a, b):
     assert np.max(np.abs(got - exact) - bound) <= 1e-30
 
 
-# Depth tails of 8, 31 and 1 after whole steps, one and three depth blocks (1037: a last
-# block of 13 depths, all of it the tail), ragged last rows (333, 45: 13 rows, on the
+# Depth tails of 8, 31 and 1 after whole steps, one and two depth blocks (1037 in one: a
+# last block of 13 would be folded in, amx_depth_block; 2111 and 2049 as 1056 + the rest),
+# ragged last rows (333, 45: 13 rows, on the
 # kernel of one row of tiles; 17 on the one of two) and whole ones, products of at most
 # 16 rows (one row of tiles throughout: 13 packed, 16 read in place), one and two threads.
 @pytest.mark.parametrize("threads", [1, 2])
@@ -107,6 +108,35 @@ def test_products_of_a_read_in_place(m, k, n, threads, monkeypatch):
     assert np.array_equal(got[~finite], np.broadcast_to(np.sign(b[0].astype(np.float32))
                                                         * np.float32(np.inf),
                                                         got[~finite].shape))
+
+
+@pytest.mark.parametrize("k,kc", [(1000, 1000), (1024, 1024), (1100, 1100), (1152, 1152),
+                                  (1279, 1279), (1280, 1024), (2048, 1024), (2100, 1056),
+                                  (3100, 1056), (4608, 1024)])
+def test_a_short_last_depth_block_is_spread_over_the_others(k, kc):
+    # Each depth block sweeps all of C: 1152 = 1024 + 128 took a second pass for an eighth
+    # of the work; a last block of a quarter of AMX_MAX_KC or more stays.
+    assert amx_tiles(4096, 384, k, host_target()).kc == kc
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n,packed", [(70, 1100, 50, False), (37, 1152, 45, False),
+                                          (45, 2100, 40, False), (33, 1061, 70, True)])
+def test_products_over_folded_depth_blocks(m, k, n, packed, threads, monkeypatch):
+    # Blocks deeper than 1024 (1100 with a tail of 12 past whole steps, 2100 as 1056 + 1044)
+    # with A read in place and packed (a cast operand), against the exact product.
+    a_type = "F32" if packed else "BF16"
+    source = (f"fn f(a: {_ty((m, k), a_type)}, b: {_ty((k, n))}) -> {_ty((m, n), 'F32')} "
+              + ("{ return matmul(cast(a, BF16), b); }" if packed else
+                 "{ return matmul(a, b); }"))
+    module = _compile(source, monkeypatch, threads)
+    assert _row_strides(module) == [None if packed else k]
+    (gemm,) = [s for s in program_of(module).plans["f"].kernel.body if isinstance(s, Gemm)]
+    assert gemm.tiles.kc > 1024
+    rng = np.random.default_rng(m * k + n)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    _check(module.f(a.astype(np.float32) if packed else a, b), a, b)
 
 
 def test_batched_products_of_a_read_in_place(monkeypatch):
@@ -149,7 +179,9 @@ def test_two_threads_split_the_way_that_packs_less(m, n):
         assert splits_columns(m, n, wide, 2) == (n > m)
 
 
-@pytest.mark.parametrize("m,k,n", [(1024, 1024, 1024), (1100, 1030, 1000)])
+# k = 1300: two depth blocks (1024 + 276; a last block under 256 deep would be folded into
+# one longer block with narrower panels, amx_depth_block).
+@pytest.mark.parametrize("m,k,n", [(1024, 1024, 1024), (1100, 1300, 1000)])
 def test_square_products_split_by_columns(m, k, n, monkeypatch):
     # 512-column AMX panels: two threads splitting 1024 columns each pack half of B and
     # all of A once, where splitting the rows packed all of B and half of A twice.
