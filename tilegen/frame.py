@@ -32,7 +32,8 @@ from . import loopir as L
 STACK_TEMP_BYTES = 64 * 1024
 # The most stack a kernel's temporaries take, whatever the stack limit.
 MAX_STACK_FRAME = 1 << 20
-# Workspace offsets are aligned to whole cache lines (and 64-byte vector loads).
+# Workspace offsets are aligned to whole cache lines (and 64-byte vector loads), from a
+# base the kernel aligns to a line as well (codegen's _allocate_temporaries).
 ALIGN = 64
 
 
