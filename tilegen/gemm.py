@@ -16,6 +16,11 @@ into its own buffers. The micro-kernel's k loop keeps mr x (nr / lanes) vector
 accumulators as loop-carried values, which LLVM allocates to registers (24 zmm for
 12 x 32 floats) with the A broadcasts folded into the FMAs. Vector widths, the register
 block and the depth block come from the `Target`.
+
+For fp32/fp64 the loops above are one function per micro-kernel shared by every product of
+a module, with the sizes and bounds as arguments, and each product only packs
+(tilegen/gemm_driver.py; `_GemmEmitter.shared_driver`); the 16-bit emitters subclassing
+`_GemmEmitter` generate the loops inline with each product.
 """
 
 from __future__ import annotations
