@@ -16,6 +16,11 @@ into its own buffers. The micro-kernel's k loop keeps mr x (nr / lanes) vector
 accumulators as loop-carried values, which LLVM allocates to registers (24 zmm for
 12 x 32 floats) with the A broadcasts folded into the FMAs. Vector widths, the register
 block and the depth block come from the `Target`.
+
+For fp32/fp64 the loops above are one function per micro-kernel shared by every product of
+a module, with the sizes and bounds as arguments, and each product only packs
+(tilegen/gemm_driver.py; `_GemmEmitter.shared_driver`); the 16-bit emitters subclassing
+`_GemmEmitter` generate the loops inline with each product.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
+from . import gemm_driver
 from . import loopir as L
 from .codegen_values import SCALAR_LLVM, Lane, Val, bind_flat_index, int_constant, zeros
 from .micro_kernel import (
@@ -154,8 +160,9 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
             stop = _smin(b, b.sub(hi, base), units)
             child.push_scope()
             bind_flat_index(b, child.env[-1], gemm.batch, gemm.batch_extents, flat)
-            _emitter(child, gemm).rows(b.mul(start, ir.Constant(I64, mr)),
-                                           _row_end(child, stop, mr, gemm.m))
+            emitter = _emitter(child, gemm)
+            emitter.rows(b.mul(start, ir.Constant(I64, mr)), _row_end(child, stop, mr, gemm.m))
+            _glue_region(child, emitter)
             child.pop_scope()
             return carried
         child.loop(first, last, 1, [], entry)
@@ -172,13 +179,16 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
 
     def column_body(child, lo, hi):
         b = child.b
-        _emitter(child, gemm).rows(
-            ir.Constant(I64, 0), ir.Constant(I64, gemm.m), b.mul(lo, ir.Constant(I64, unit)),
-            _smin(b, b.mul(hi, ir.Constant(I64, unit)), ir.Constant(I64, gemm.n)))
+        emitter = _emitter(child, gemm)
+        emitter.rows(ir.Constant(I64, 0), ir.Constant(I64, gemm.m),
+                     b.mul(lo, ir.Constant(I64, unit)),
+                     _smin(b, b.mul(hi, ir.Constant(I64, unit)), ir.Constant(I64, gemm.n)))
+        _glue_region(child, emitter)
 
     def row_body(child, lo, hi):
-        _emitter(child, gemm).rows(child.b.mul(lo, ir.Constant(I64, mr)),
-                                       _row_end(child, hi, mr, gemm.m))
+        emitter = _emitter(child, gemm)
+        emitter.rows(child.b.mul(lo, ir.Constant(I64, mr)), _row_end(child, hi, mr, gemm.m))
+        _glue_region(child, emitter)
 
     # The batch indices reach the threads through the captured environment.
     cg.push_scope()
@@ -207,6 +217,17 @@ def _emitter(cg, gemm: L.Gemm) -> _GemmEmitter:
     if emitter is None:
         raise ValueError(f"no gemm emitter for {gemm.dtype} operands")
     return emitter(cg, gemm)
+
+
+def _glue_region(child, emitter: _GemmEmitter) -> None:
+    """Compile a gemm's parallel region `optnone` when its work is in the shared driver's
+    calls (tilegen/gemm_driver.py): what is left is the thread's share, its scratch block
+    and the packing contexts (and a loop over batch entries), nanoseconds next to the
+    driver's work, and O3 and instruction selection spent 10-25 ms on each of MiniLM's six
+    regions."""
+    if emitter.shared_driver:
+        child.function.attributes.add("noinline")
+        child.function.attributes.add("optnone")
 
 
 def _val(value):
@@ -271,6 +292,11 @@ class _GemmEmitter:
         self.column_unit = gemm.tiles.nr
         # The depth block `rows` is packing, when it is a whole number of vectors.
         self.whole_depth_block = None
+
+    # The block loops run in the module's shared driver for this micro-kernel, the
+    # packing in functions of the product (tilegen/gemm_driver.py); the 16-bit emitters
+    # keep them inline.
+    shared_driver = True
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -344,14 +370,12 @@ class _GemmEmitter:
         col_end = self.const(col_hi) if isinstance(col_hi, int) else col_hi
         if t.nc % t.nr or t.mc % t.mr:
             raise ValueError(f"gemm tiles {t}: nc must be a multiple of nr and mc of mr")
+        if self.shared_driver:
+            gemm_driver.run_rows(self, row_lo, row_hi, col_lo, col_end)
+            return
         a_size = t.mc * self.a_stride
         block, slot = self.scratch(a_size + self.b_panel_elements())
-        # Both panels start on a cache line (the block has 128 bytes to spare): malloc's
-        # 16-byte alignment split every 64-byte row of an AMX tile, and every zmm load,
-        # across two lines, and made the speed depend on where the block landed.
-        packed_a = cache_line_aligned(self.b, block)
-        packed_b = self.gep(packed_a, self.const(-(-a_size * self.packed_bytes // 64) * 64
-                                                 // self.packed_bytes))
+        packed_a, packed_b = self.panels(block, a_size)
 
         def column_block(jc, carried):
             nc = _smin(self.b, self.const(t.nc), self.b.sub(col_end, jc))
@@ -378,6 +402,16 @@ class _GemmEmitter:
         self.cg.loop(col_lo, col_hi, t.nc, [], column_block)
         self.cg.cleanups.remove(block)
         self.cg.release_block(block, slot)
+
+    def panels(self, block, a_size: int):
+        """(packed A, packed B) in this thread's scratch block, A's panel `a_size` elements.
+        Both start on a cache line (the block has 128 bytes to spare): malloc's 16-byte
+        alignment split every 64-byte row of an AMX tile, and every zmm load, across two
+        lines, and made the speed depend on where the block landed."""
+        packed_a = cache_line_aligned(self.b, block)
+        packed_b = self.gep(packed_a, self.const(-(-a_size * self.packed_bytes // 64) * 64
+                                                 // self.packed_bytes))
+        return packed_a, packed_b
 
     # ---- packing ------------------------------------------------------------------------------
 
@@ -459,17 +493,22 @@ class _GemmEmitter:
 
         def chunk(jr, k, partial: bool):
             depth_mask = self.depth_mask(k, kc)
-            for part in range(self.vectors_per_row):
-                def column(r, part=part):
-                    index = b.add(b.add(jc, jr), self.const(part * lanes + r))
+
+            # The vectors of a micro-panel row in a loop, not unrolled: each is a 16 x 16
+            # transpose (64 shuffles), and two copies were half of scores' packing code.
+            def part(start, carried):
+                def column(r):
+                    index = b.add(b.add(jc, jr), b.add(start, self.const(r)))
                     if self.whole_panels():
                         return index, None
                     return index, b.icmp_signed("<", index, self.const(g.n))
                 rows = self._transposed_block(g.b_elem, g.k, b.add(pc, k), depth_mask, g.j,
                                               column)
-                self._store_rows(packed, rows, lambda depth, part=part: b.add(
+                self._store_rows(packed, rows, lambda depth: b.add(
                     b.add(b.mul(jr, kc), b.mul(b.add(k, self.const(depth)), self.const(nr))),
-                    self.const(part * lanes)), k, kc, partial)
+                    start), k, kc, partial)
+                return carried
+            self.cg.loop(self.const(0), self.const(nr), lanes, [], part)
 
         def panel(jr, carried):
             self.cg.loop(self.const(0), whole, lanes, [],

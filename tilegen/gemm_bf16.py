@@ -223,6 +223,8 @@ class Bf16DotEmitter(_GemmEmitter):
     """_GemmEmitter with 16-bit panels, B interleaved in depth pairs, and the dpbf16ps
     micro-kernel."""
 
+    shared_driver = False  # its block loops stay inline (gemm_driver.py is fp32/fp64's)
+
     def __init__(self, cg, gemm: L.Gemm):
         # Values while packing and the accumulators are f32; only the panels are 16-bit.
         super().__init__(cg, replace(gemm, dtype=L.F32))

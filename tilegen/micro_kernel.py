@@ -17,14 +17,17 @@ from .codegen_values import I1, I64, PTR, SCALAR_LLVM, broadcast_mask, zeros
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
-                          a_stride: int, lanes: int) -> ir.Function:
+                          a_stride: int | None, lanes: int) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 kc, ptr c, i64 ldc, i64 rows, i64 cols, i1 first)`:
     C[r, j] (+)= sum over k < kc of Ap[r * a_stride + k] * Bp[k * nr + j], for r < rows
     (at most mr) and j < cols (at most nr); `first` overwrites instead of accumulating.
     B rows are `nr // lanes` vectors of `lanes` elements (the target's vector).
     One definition per register block in a module, shared by every gemm (small IR, fast
-    compiles); its k loop keeps the mr x nr/lanes accumulators in registers."""
-    name = f"tilegen.gemm.{dtype}.{mr}x{nr}.s{a_stride}"
+    compiles); its k loop keeps the mr x nr/lanes accumulators in registers. With
+    `a_stride` None the stride is a last argument, `i64 a_stride` (the shared gemm driver's
+    kernel, one for every depth block: tilegen/gemm_driver.py)."""
+    stride = "" if a_stride is None else f".s{a_stride}"
+    name = f"tilegen.gemm.{dtype}.{mr}x{nr}{stride}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -37,14 +40,19 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
                           typ=vector, align=L.ELEMENT_BYTES[dtype]) for part in range(parts)]
         updated = []
         for r in range(mr):
-            scalar = b.load(element_pointer(b, a, b.add(k, ir.Constant(I64, r * a_stride)),
-                                            element), typ=element)
+            if a_stride is None:  # `a`: the rows' pointers
+                pointer = element_pointer(b, a[r], k, element)
+            else:
+                pointer = element_pointer(b, a, b.add(k, ir.Constant(I64, r * a_stride)),
+                                          element)
+            scalar = b.load(pointer, typ=element)
             broadcast = splat(b, scalar, lanes)
             for part in range(parts):
                 updated.append(b.call(fma, [broadcast, columns[part],
                                             accumulators[r * parts + part]]))
         return updated
-    return micro_kernel_shell(module, name, dtype, mr, parts, lanes, step)
+    return micro_kernel_shell(module, name, dtype, mr, parts, lanes, step,
+                              a_rows=a_stride is None)
 
 
 def cache_line_aligned(b: ir.IRBuilder, pointer):
@@ -116,28 +124,36 @@ def carried_loop(b: ir.IRBuilder, function: ir.Function, count, initial: list, b
 
 
 def micro_kernel_shell(module: ir.Module, name: str, dtype: str, mr: int, parts: int,
-                       lanes: int, step, masked_b: bool = False) -> ir.Function:
+                       lanes: int, step, masked_b: bool = False,
+                       a_rows: bool = False) -> ir.Function:
     """The micro-kernel around `step(builder, a, b, k, accumulators) -> updated`, one step
     of its k loop over the mr x parts accumulator vectors of `dtype`: the function
     (signature as in micro_kernel_function, kc counting steps), the loop with the
     accumulators carried as phis, and the masked store of the block into C. With
     `masked_b`, step also gets the column masks (one per vector of `cols`), computed once
-    before the loop, for loads of a B that is not zero-padded (gemm_small.py)."""
+    before the loop, for loads of a B that is not zero-padded (gemm_small.py). With
+    `a_rows` the function takes A's row stride as a last argument, `i64 a_stride`, and
+    step gets the mr rows' pointers instead of `a`."""
     element = SCALAR_LLVM[dtype]
     vector = ir.VectorType(element, lanes)
     i32 = ir.IntType(32)
-    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1])
+    fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1] +
+                           [I64] * a_rows)
     function = ir.Function(module, fnty, name)
     function.linkage = "internal"
     function.attributes.add("nounwind")
     function.attributes.add("noinline")
-    a, bp, kc, c, ldc, rows, cols, first = function.args
+    a, bp, kc, c, ldc, rows, cols, first = function.args[:8]
     for arg in (a, bp, c):
         arg.add_attribute("noalias")
     b = ir.IRBuilder(function.append_basic_block("entry"))
 
     def const(value):
         return ir.Constant(I64, value)
+
+    if a_rows:
+        a_stride = function.args[8]
+        a = [element_pointer(b, a, b.mul(const(r), a_stride), element) for r in range(mr)]
 
     suffix = f"v{lanes}{'f32' if dtype == L.F32 else 'f64'}"
     mask_type = ir.VectorType(I1, lanes)

@@ -119,7 +119,7 @@ def _slot(b: ir.IRBuilder, base: ir.Value, index) -> ir.Value:
     return pointer
 
 
-class _CapturedPointers(dict):
+class CapturedPointers(dict):
     """The buffer pointers a region's body reads, each loaded from the context at the top of
     its entry block on first use: a region passes only those (MiniLM's kernel has ~230
     buffers; storing every one into each region's context was most of its code)."""
@@ -162,7 +162,7 @@ class OutlinedCodegen(C.KernelCodegen):
         records = b.load(_slot(b, context, 0), typ=PTR)
         self.env = [{name: Val(b.load(_slot(b, context, 1 + i), typ=value.value.type), False)
                      for i, (name, value) in enumerate(captured)}]
-        self.pointers = _CapturedPointers(self, self.function.entry_basic_block, context,
+        self.pointers = CapturedPointers(self, self.function.entry_basic_block, context,
                                           1 + len(captured), parent.pointers)
         self.thread_count = b.sext(b.call(self.declare(
             "omp_get_num_threads", ir.FunctionType(I32, [])), []), I64)

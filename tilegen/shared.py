@@ -230,10 +230,16 @@ class SharedCodegen(KernelCodegen):
         self.err.add_attribute("nonnull")
 
     def finish(self) -> ir.Function:
-        self.exit_with(ir.Constant(I64, 0))
-        self.b.position_at_end(self.exit_block)
-        status = self.b.phi(I64, name="status")
-        for value, block in self.status_incoming:
-            status.add_incoming(value, block)
-        self.b.ret(status)
+        return_status(self)
         return self.function
+
+
+def return_status(cg: KernelCodegen) -> None:
+    """End `cg`'s helper function: status 0 from where its builder is, and the exit block
+    returning the status of whichever exit was taken."""
+    cg.exit_with(ir.Constant(I64, 0))
+    cg.b.position_at_end(cg.exit_block)
+    status = cg.b.phi(I64, name="status")
+    for value, block in cg.status_incoming:
+        status.add_incoming(value, block)
+    cg.b.ret(status)
