@@ -8,6 +8,7 @@ threads, wall clock, everything in one process, variants interleaved).
 as the tutorial's `backward` allocates them), the dx kernel alone and the whole
 `LayerNorm.apply` forward + backward against torch's, with the launcher's run length forced
 to 0 (one contiguous half per thread) and as `driver.run_length` chooses it. REPS rounds.
+With OMP_WAIT_POLICY=passive the CPU times leave out libgomp's spinning between calls.
 
 `picks`: tutorial 03's three CPU configs at 1024³, each "autotune" a choice among them by
 the lowest median of `do_bench(..., quantiles=(0.5, 0.2, 0.8))`, with Triton's `do_bench`
@@ -38,22 +39,28 @@ from tilegen.triton_backend import benchmarker, driver  # noqa: E402
 REPS = int(os.environ.get("REPS", "100"))
 
 
-def _timed(calls: dict, reps: int) -> dict:
+def _timed(calls: dict, reps: int) -> tuple[dict, dict]:
+    """Wall-clock times and CPU times of the process (every thread's, spinning included;
+    not the time another process held a core) of each call."""
     times = {name: [] for name in calls}
+    cpu = {name: [] for name in calls}
     for rep in range(reps):
         for name in (list(calls) if rep % 2 else list(calls)[::-1]):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             calls[name]()
             times[name].append(time.perf_counter() - start)
-    return times
+            cpu[name].append(time.process_time() - start_cpu)
+    return times, cpu
 
 
-def _report(times: dict) -> None:
+def _report(measured: tuple[dict, dict]) -> None:
+    times, cpu = measured
     for name, values in times.items():
         ordered = sorted(values)
         tenth = ordered[len(ordered) // 10]
-        print(f"{name:28s} min {ordered[0] * 1e3:7.3f}  p10 {tenth * 1e3:7.3f}"
-              f"  median {statistics.median(values) * 1e3:7.3f} ms")
+        print(f"{name:20s} wall min {ordered[0] * 1e3:7.3f}  p10 {tenth * 1e3:7.3f}"
+              f"  median {statistics.median(values) * 1e3:7.3f} ms;  CPU median "
+              f"{statistics.median(cpu[name]) * 1e3:7.3f} ms")
 
 
 def order() -> None:
