@@ -1,11 +1,12 @@
 """The tilegen backend's driver: the CPU as Triton's one device, the loader for `obj`
-artifacts (MCJIT), the launcher that packs a kernel's arguments and runs its grid, and a
-wall-clock benchmarker for `triton.testing.do_bench` and `triton.autotune`."""
+artifacts (MCJIT), the launcher that packs a kernel's arguments and runs its grid, and the
+benchmarker `triton.autotune` times configs with (benchmarker.py)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import struct
 import threading
@@ -21,7 +22,7 @@ from .tileir import TileError
 
 _LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
-                           ctypes.c_void_p)
+                           ctypes.c_void_p, ctypes.c_int64)
 
 
 class KernelBoundsError(IndexError):
@@ -105,6 +106,7 @@ class TilegenLauncher:
         self.name = metadata.name
         self.frame_bytes = metadata.tilegen_frame_bytes
         self.check_sites = list(getattr(metadata, "tilegen_check_sites", []))
+        self.program_period = int(getattr(metadata, "tilegen_program_period", 0))
         self.debug = bool(getattr(metadata, "debug", False))
         self.local = threading.local()
 
@@ -150,8 +152,9 @@ class TilegenLauncher:
         status = (ctypes.c_int64 * 4)()
         if self.debug:
             _set_bounds(status, bounds)
+        run = run_length(self.program_period, gridX, gridX * gridY * gridZ, threads)
         function.launch(ctypes.addressof(slots), gridX, gridY, gridZ, self._scratch(threads),
-                        self.frame_bytes, threads, ctypes.addressof(status))
+                        self.frame_bytes, threads, ctypes.addressof(status), run)
         if exit_hook is not None:
             exit_hook(launch_metadata)
         if status[0]:
@@ -163,6 +166,25 @@ class TilegenLauncher:
                 f"kernel `{self.name}`: {site} accessed address {status[2]:#x}, outside "
                 f"every tensor argument: {_nearest(status[2], tensors)} (TRITON_DEBUG "
                 "bounds check)")
+
+
+RUNS_PER_THREAD = 16  # at least, so that the threads' shares differ by 1/16 at most
+
+
+@functools.lru_cache(maxsize=256)
+def run_length(period: int, nx: int, total: int, threads: int) -> int:
+    """The grid's run length (grid.py) for a kernel whose atomics repeat with the program
+    id mod `period` (program_order.py): the longest run R, dividing period / threads, that
+    gives every thread RUNS_PER_THREAD runs, so that ids agreeing mod `period` fall on one
+    thread; 0 (one contiguous run per thread) when there is no such R, the kernel has no
+    period, or the linear id mod `period` is not the x id's (a 2- or 3-D grid whose x extent
+    `period` does not divide)."""
+    if period <= 0 or threads <= 1 or period % threads or (total != nx and nx % period):
+        return 0
+    share, cap = period // threads, total // (RUNS_PER_THREAD * threads)
+    divisors = {d for i in range(1, math.isqrt(share) + 1) if share % i == 0
+                for d in (i, share // i)}
+    return max((d for d in divisors if d <= cap), default=0)
 
 
 def _nearest(address: int, tensors) -> str:
@@ -282,7 +304,7 @@ class TilegenDriver(DriverBase):
         return CpuDeviceInterface
 
     def get_benchmarker(self):
-        from triton.testing import do_bench
+        from .benchmarker import do_bench  # warm calls, best of small groups
         return do_bench
 
     def get_empty_cache_for_benchmark(self):

@@ -7,7 +7,8 @@ after the row loads of layer norm backward and softmax among the hottest). Each 
 contiguous access whose tile rows span at least MIN_ROW_BYTES prefetches the line
 DISTANCE bytes further on: in the row's second half that is the start of the next row when
 rows follow each other in memory (the next program on the thread, whose ids run in
-contiguous order, grid.py), in its first half the rest of its own row. Prefetches never
+contiguous order, grid.py, but for the last of each run of a kernel whose atomics are periodic
+in the program id), in its first half the rest of its own row. Prefetches never
 fault, so lanes past a tensor's end cost at most a line fetched for nothing; rows with gaps
 between them fetch up to DISTANCE bytes of each gap. Short rows (the tiles of matmul and
 attention, a few hundred bytes per row) are left to the hardware. Stores prefetch for

@@ -11,6 +11,7 @@ from .. import target as host
 from ..gcpause import collector_paused
 from .emit import ProgramEmitter
 from .grid import emit_launcher
+from .program_order import program_period
 from .tileir import Program, TileError, format_program
 from .ttir_import import import_module
 from .verify import verify_program
@@ -64,6 +65,7 @@ def tile_to_llvm(text: TileText, metadata, options) -> str:
     metadata["shared"] = 0
     metadata["tilegen_frame_bytes"] = max(64, emitter.frame_bytes)
     metadata["tilegen_check_sites"] = emitter.check_sites
+    metadata["tilegen_program_period"] = program_period(program)
     return str(module)
 
 
