@@ -61,3 +61,18 @@ def test_statistics_as_asked():
     assert isinstance(single, float)
     with pytest.raises(ValueError, match="return_mode"):
         bench(lambda: None, return_mode="p99")
+
+
+def test_summary_matches_triton_do_bench():
+    """The statistics are triton.testing's: the same quantiles and modes of the same times."""
+    import triton.testing
+
+    times = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.3]
+    ours = benchmarker.summarize(times, (0.5, 0.2, 0.8), "mean")
+    theirs = triton.testing._summarize_statistics(times, (0.5, 0.2, 0.8), "mean")
+    assert ours == pytest.approx(theirs)
+    for mode in ("min", "max", "mean", "median"):
+        assert benchmarker.summarize(times, None, mode) == pytest.approx(
+            triton.testing._summarize_statistics(times, None, mode))
+    with pytest.raises(ValueError, match="quantiles"):
+        benchmarker.summarize(times, (1.5,), "mean")

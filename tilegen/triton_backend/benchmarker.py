@@ -14,15 +14,16 @@ Here the calls are timed warm (no flush: the kernel's inputs stay where its prev
 left them, as when it serves a loop), at least MIN_GROUPS groups of GROUP_CALLS calls in a
 row after the warm-up, and each group counts as its fastest call: load from elsewhere only
 adds time, and a burst rarely covers a whole group. The statistics asked for (`quantiles`,
-or `return_mode`) are those of the groups' times, in milliseconds, summarised by Triton's own
-code.
+or `return_mode`) are those of the groups' times, in milliseconds, with `do_bench`'s meaning
+(quantiles interpolated linearly between the sorted times).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
-from triton.testing import _summarize_statistics  # do_bench's own (triton 3.9)
+import numpy as np
 
 GROUP_CALLS = 3
 MIN_GROUPS = 10
@@ -50,4 +51,18 @@ def do_bench(fn, warmup=25, rep=100, grad_to_none=None, quantiles=None, return_m
             fn()
             fastest = min(fastest, time.perf_counter() - began)
         groups.append(fastest * 1000.0)
-    return _summarize_statistics(groups, quantiles, return_mode)
+    return summarize(groups, quantiles, return_mode)
+
+
+def summarize(times: list[float], quantiles, return_mode: str):
+    """`do_bench`'s result: the quantiles asked for (one float for one), else the times
+    (`"all"`) or one statistic of them."""
+    if quantiles is not None:
+        if not all(0 <= q <= 1 for q in quantiles):
+            raise ValueError(f"do_bench: quantiles {quantiles!r} must lie in [0, 1]")
+        values = [float(v) for v in np.quantile(times, quantiles)]
+        return values[0] if len(values) == 1 else values
+    if return_mode == "all":
+        return times
+    return {"min": min, "max": max, "mean": statistics.mean,
+            "median": statistics.median}[return_mode](times)
