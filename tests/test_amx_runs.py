@@ -4,8 +4,9 @@ tiles loaded with `tileloaddt1` and nothing prefetched into L1 but C; on A read 
 one run with A's rows and B's lines prefetched into L1. Products on the packed flavour
 whose depth blocks split into runs -- unevenly, with the depth tail's zero-padded step in
 the last run, in a depth block after the first (the runs add to C), on ragged rows and
-columns (the staging block is copied in and out per run), B transposed, a batch, one and
-two threads -- against the exact products of the bf16 inputs (NumPy float64)."""
+columns (staged through their compact slot, copied in by the first run and out by the
+last), B transposed, a batch, one and two threads -- against the exact products of the
+bf16 inputs (NumPy float64)."""
 
 from __future__ import annotations
 

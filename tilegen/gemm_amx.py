@@ -34,10 +34,13 @@ per 32 depths: all 8 tile registers; on packed A it goes over the call's registe
 in runs of up to 16 depth steps, so B's part of a run stays in L1. A B panel of at most 16
 columns (C's last where N % 32 <= 16, or the last of a thread's share: threads split
 columns in tiles of 16, `column_unit`) runs on the kernel of one column of tiles, and a
-ragged last block of at most 16 rows on one row of tiles. The accumulators start from C
-itself when the block is whole and not the first depth block (or run), from a zero
-constant when it is the first, and from a 32 x 32 staging block on the stack for the
-ragged blocks at the edges of C, which are copied in and out under row and column masks.
+ragged last block of at most 16 rows on one row of tiles. Each register block of the A
+block has a compact slot of 32 x 32 f32 past the A block's slabs (`kept_slots`): between
+runs its accumulators wait there, not in C (whose rows 8 KB apart at N = 2048 fall on
+one L1 set pair), so a call reads C at most once, in its first run, and writes it once,
+in its last. The accumulators start from a zero constant in the first depth block, from C
+itself when the block is whole, and from the slot for the ragged blocks at the edges of
+C, whose C is copied in and out under row and column masks.
 
 Tile instructions need the operating system's consent (target.amx_tile_permission):
 gemm_bf16.bf16_kernel asks for it before it picks AMX, and takes another kernel when it is
@@ -95,8 +98,10 @@ class AmxEmitter(Bf16DotEmitter):
         # A block: tile_depth / 32 slabs of mc rows x 32 depths (a_offset); read in place,
         # the same for the matrix's ragged last register block, then one slab for the depth
         # tail (`tail_slab`). gemm.py sizes the block as mc x a_stride.
+        # Past both, mc rows of nr f32 (2 nr bf16 each): the kernel's compact C slots
+        # (`kept_slots`).
         tail = AMX_DEPTH if self.a_row_stride is not None else 0
-        self.a_stride = self.tile_depth + tail
+        self.a_stride = self.tile_depth + tail + 2 * gemm.tiles.nr
         self.direct = None  # (pointer to A's block, rows read in place): pack_a sets it
         # Threads split the columns in single tiles, so a share may end half-way into a
         # panel; that panel, and C's last one where N % 32 <= 16, run on the kernel of one
@@ -209,6 +214,13 @@ class AmxEmitter(Bf16DotEmitter):
         """Where the depth tail's slab (mc rows x 32 depths) of an A read in place goes."""
         return self.gep(packed, self.const(self.tiles.mc * self.tile_depth))
 
+    def kept_slots(self, packed):
+        """The kernel's scratch for C (amx_micro_kernel's `kept`: mr x nr f32 per register
+        block of the A block, 64-byte aligned as mc is whole blocks): after A's slabs and
+        tail slab in the A block."""
+        rows = self.a_stride - 2 * self.tiles.nr
+        return self.gep(packed, self.const(self.tiles.mc * rows))
+
     def a_pointer(self, row, depth):
         """&A[row, depth] (the batch entry from the gemm's batch variables)."""
         return operand_pointer(self.cg, self.g.a_elem, {self.g.i: row, self.g.k: depth})
@@ -248,7 +260,7 @@ class AmxEmitter(Bf16DotEmitter):
             ahead = ahead or (b_panel, self.const(0), self.const(0))  # nothing ahead
             b.call(kernel, [a, b_panel, steps, self.c_pointer(row0, col0), self.const(g.n),
                             b.sub(row_hi, row0), b.sub(col_end, col0), first, blocks,
-                            *layout, tail, *ahead])
+                            *layout, tail, *ahead, self.kept_slots(packed_a)])
 
         def ragged(columns, a, b_panel, row0, col0):
             """The packed ragged last block: on one row of tiles when it has at most 16
