@@ -164,6 +164,23 @@ def test_square_products_split_by_columns(m, k, n, monkeypatch):
     assert np.array_equal(two, _compile(_matmul(m, k, n), monkeypatch, threads=1).f(a, b))
 
 
+@pytest.mark.parametrize("m,k,n", [(600, 1030, 1100), (2048, 2048, 2048)])
+def test_a_thread_share_of_columns_is_one_column_block(m, k, n, monkeypatch):
+    # Shares of 560 and 1024 columns, wider than the half of L2 a B block of depth 1024
+    # took (512 columns): one column block each, so each thread packs all of A once, not
+    # twice (2048^3 only compiled). The odd shape's product against the exact one.
+    module = _compile(_matmul(m, k, n), monkeypatch)
+    gemm = _gemm_of(module)
+    share = -(-n // 32) * 16
+    assert gemm.threads == 2 and splits_columns(m, n, gemm.tiles, 2)
+    assert gemm.tiles.nc >= share, gemm.tiles
+    if m < 2048:
+        rng = np.random.default_rng(n)
+        a = rng.standard_normal((m, k)).astype(BF16)
+        b = rng.standard_normal((k, n)).astype(BF16)
+        _check(module.f(a, b), a, b)
+
+
 def _gemm_of(module, name="f"):
     (gemm,) = [s for s in program_of(module).plans[name].kernel.body if isinstance(s, Gemm)]
     return gemm
