@@ -20,9 +20,12 @@ I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
 TILE_BYTES = 64  # bytes per tile row: 16 f32 or 32 bf16
 TILE_COLUMNS = 16  # f32 columns of an accumulator tile
-# Whether the depth loop also prefetches the next register block's C (for writing):
-# 2048^3 on one thread ran 3-5% faster with it (C of 16 MB comes from L3), the smaller
-# products within noise.
+# Whether the depth loop also prefetches the next register block's C, into L2 (C of 16 MB
+# comes from L3): 2048^3 on one thread ran 3-5% faster with it. Into L1 for writing
+# (`prefetchw`), as before the compact slots, its lines (a block's rows 8 KB apart at N =
+# 2048 fall on two L1 sets) evicted each other: one thread's share of 2048^3 ran in 9.1
+# ms of CPU time with that, 8.5-8.6 without any or into L2 (ad hoc); 1024^3's share 1.10
+# against 1.06 ms, 333 x 1000 x 384 within noise.
 PREFETCH_C = True
 # Two flavours of the kernel, by where A's tiles come from (measured from C on the
 # generated kernels, their packing copied in, on a loaded machine: direction only):
@@ -266,20 +269,21 @@ def _prefetch_ahead(module, b, ahead, stride, rows, step) -> None:
 
 def _prefetch_next_c(module, b, c, c_stride, step, mr: int, nr: int,
                      rows_per_step: int) -> None:
-    """Prefetch for writing rows rows_per_step x step.. (mod mr) of the next register
-    block's C (nr f32, 2 lines each): over a run of mr / rows_per_step steps or more, its
-    whole C arrives before its loads and stores. Past the last block the lines may lie
-    outside C; a prefetch never faults."""
+    """Prefetch into L2 rows rows_per_step x step.. (mod mr) of the next register block's C
+    (nr f32, 2 lines each): over a run of mr / rows_per_step steps or more, its whole C
+    arrives before its loads and stores (a line no other core holds comes exclusive, so
+    the store needs no further request). Past the last block the lines may lie outside
+    C; a prefetch never faults."""
     prefetch = declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
                                  [PTR, I32, I32, I32])
-    write, keep, data = (ir.Constant(I32, value) for value in (1, 3, 1))
+    read, l2, data = (ir.Constant(I32, value) for value in (0, 2, 1))
     for extra in range(rows_per_step):
         row = b.add(b.mul(step, ir.Constant(I64, rows_per_step)), ir.Constant(I64, extra))
         row = b.add(b.and_(row, ir.Constant(I64, mr - 1)), ir.Constant(I64, mr))
         start = element_pointer(b, c, b.mul(row, c_stride), I8)
         for line in range(nr * 4 // 64):
             b.call(prefetch, [element_pointer(b, start, ir.Constant(I64, 64 * line), I8),
-                              write, keep, data])
+                              read, l2, data])
 
 
 def _prefetch(module, b, a, bp, step, mr: int, nr: int, panel_columns: int, row_bytes,
