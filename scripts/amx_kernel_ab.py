@@ -37,7 +37,7 @@ DRIVER = r"""
 typedef void kfn(const void *a, const void *b, long steps, float *c, long ldc, long rows,
                  long cols, _Bool first, long blocks, long row_bytes, long step_bytes,
                  long main_steps, const void *tail, const void *ahead, long ahead_stride,
-                 long ahead_rows);
+                 long ahead_rows, float *kept);
 static double now(void) {
   struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
 }
@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
   /* Panels padded to whole steps of 32 depths, as gemm_amx packs them. */
   uint16_t *Abuf = aligned_alloc(64, mc * (kc + 32) * 2);
   uint16_t *Bbuf = aligned_alloc(64, (kc + 32) * nc * 2);
-  float *C = aligned_alloc(64, M * N * 4);
+  float *C = aligned_alloc(64, M * N * 4), *kept = aligned_alloc(64, mc * 32 * 4);
   A += offset / 2;
   for (long i = 0; i < M * K; i++) A[i] = 0x3f80;
   for (long i = 0; i < K * N; i++) B[i] = 0x3f80;
@@ -77,7 +77,7 @@ int main(int argc, char **argv) {
               kernels[v](a, Bbuf + jr * ((kb + 31) / 32 * 32), (kb + 31) / 32,
                          C + ic * N + jc + jr, N, M - ic, N - jc - jr, pc == 0, mb / 32,
                          in_place ? 2 * K : 64, in_place ? 64 : mc * 64, kb / 32, a, Bbuf,
-                         0, 0);
+                         0, 0, kept);
           }
         }
       t = now() - t;

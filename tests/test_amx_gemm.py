@@ -165,6 +165,24 @@ def _packed_per_thread(m, n, tiles, threads, by_columns):
     return sum(rows for _ in range(0, n, tiles.nc)) + n
 
 
+# Rows 2, 3 and 4 KB apart (packed, a_read_in_place), ragged last rows (45: 13 in a block
+# of 32; 37), two depth blocks (1536 = 1024 + 512), a batch, one and two threads.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch,m,k,n", [((), 45, 1536, 70), ((), 100, 2048, 33),
+                                         ((2,), 37, 1024, 50)])
+def test_plain_bf16_a_is_packed_by_copying_its_rows(batch, m, k, n, threads, monkeypatch):
+    source = f"fn f(x: {_ty((*batch, m, k))}, y: {_ty((*batch, k, n))}) -> " \
+             f"{_ty((*batch, m, n), 'F32')} {{ return matmul(x, y); }}"
+    module = _compile(source, monkeypatch, threads)
+    assert _row_strides(module) == [None]
+    # copy_a_slabs: its bits in 64-byte rows (v32i16), not through f32.
+    assert "llvm.masked.load.v32i16" in "".join(_llvm_functions(module).values())
+    rng = np.random.default_rng(m + k)
+    x = rng.standard_normal((*batch, m, k)).astype(BF16)
+    y = rng.standard_normal((*batch, k, n)).astype(BF16)
+    _check(module.f(x, y), x, y)
+
+
 @pytest.mark.parametrize("m,n", [(1024, 1024), (2048, 2048), (333, 777), (600, 1100),
                                  (4096, 384), (333, 333), (64, 3000), (3000, 600)])
 def test_two_threads_split_the_way_that_packs_less(m, n):
@@ -194,6 +212,23 @@ def test_square_products_split_by_columns(m, k, n, monkeypatch):
     two = module.f(a, b)
     _check(two, a, b)
     assert np.array_equal(two, _compile(_matmul(m, k, n), monkeypatch, threads=1).f(a, b))
+
+
+@pytest.mark.parametrize("m,k,n", [(600, 1030, 1100), (2048, 2048, 2048)])
+def test_a_thread_share_of_columns_is_one_column_block(m, k, n, monkeypatch):
+    # Shares of 560 and 1024 columns, wider than the half of L2 a B block of depth 1024
+    # took (512 columns): one column block each, so each thread packs all of A once, not
+    # twice (2048^3 only compiled). The odd shape's product against the exact one.
+    module = _compile(_matmul(m, k, n), monkeypatch)
+    gemm = _gemm_of(module)
+    share = -(-n // 32) * 16
+    assert gemm.threads == 2 and splits_columns(m, n, gemm.tiles, 2)
+    assert gemm.tiles.nc >= share, gemm.tiles
+    if m < 2048:
+        rng = np.random.default_rng(n)
+        a = rng.standard_normal((m, k)).astype(BF16)
+        b = rng.standard_normal((k, n)).astype(BF16)
+        _check(module.f(a, b), a, b)
 
 
 def _gemm_of(module, name="f"):

@@ -1,11 +1,13 @@
 """The AMX kernel's two flavours (tilegen/amx_kernel.py): on A packed in slabs, the depth
 steps of a call go in even runs of at most RUN_STEPS over all of its register blocks, A's
-tiles loaded with `tileloaddt1` and nothing prefetched into L1 but C; on A read in place,
+tiles loaded with `tileloaddt1` and nothing prefetched into L1 (the next block's C into L2,
+for reading: its rows 8 KB apart would evict each other in L1); on A read in place,
 one run with A's rows and B's lines prefetched into L1. Products on the packed flavour
 whose depth blocks split into runs -- unevenly, with the depth tail's zero-padded step in
 the last run, in a depth block after the first (the runs add to C), on ragged rows and
-columns (the staging block is copied in and out per run), B transposed, a batch, one and
-two threads -- against the exact products of the bf16 inputs (NumPy float64)."""
+columns (staged through their compact slot, copied in by the first run and out by the
+last), B transposed, a batch, one and two threads -- against the exact products of the
+bf16 inputs (NumPy float64)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ def _kernels(module):
 
 
 L1_READ_PREFETCH = "i32 0, i32 3, i32 1)"  # llvm.prefetch(ptr, read, keep in L1, data)
+L1_WRITE_PREFETCH = "i32 1, i32 3, i32 1)"  # prefetchw
 
 
 def test_packed_a_runs_stream_a_and_prefetch_only_c_where_in_place_a_prefetches(monkeypatch):
@@ -49,6 +52,7 @@ fn f(p: {_ty((64, 1024))}, q: {_ty((1024, 64))}, x: {_ty((64, 1000))}, y: {_ty((
     packed, in_place = kernels["tilegen.gemm.amx.32x32"], kernels["tilegen.gemm.amx.32x32.in_place"]
     assert "tileloaddt164" in packed and L1_READ_PREFETCH not in packed
     assert "tileloaddt164" not in in_place and L1_READ_PREFETCH in in_place
+    assert all(L1_WRITE_PREFETCH not in kernel for kernel in (packed, in_place))
 
 
 def _products(m, k, n, batch=(), transposed_b=False):

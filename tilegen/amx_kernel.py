@@ -20,9 +20,12 @@ I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
 TILE_BYTES = 64  # bytes per tile row: 16 f32 or 32 bf16
 TILE_COLUMNS = 16  # f32 columns of an accumulator tile
-# Whether the depth loop also prefetches the next register block's C (for writing):
-# 2048^3 on one thread ran 3-5% faster with it (C of 16 MB comes from L3), the smaller
-# products within noise.
+# Whether the depth loop also prefetches the next register block's C, into L2 (C of 16 MB
+# comes from L3): 2048^3 on one thread ran 3-5% faster with it. Into L1 for writing
+# (`prefetchw`), as before the compact slots, its lines (a block's rows 8 KB apart at N =
+# 2048 fall on two L1 sets) evicted each other: one thread's share of 2048^3 ran in 9.1
+# ms of CPU time with that, 8.5-8.6 without any or into L2 (ad hoc); 1024^3's share 1.10
+# against 1.06 ms, 333 x 1000 x 384 within noise.
 PREFETCH_C = True
 # Two flavours of the kernel, by where A's tiles come from (measured from C on the
 # generated kernels, their packing copied in, on a loaded machine: direction only):
@@ -58,7 +61,7 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
                      a_in_place: bool = False) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 steps, ptr c, i64 ldc, i64 rows, i64 cols, i1 first,
     i64 blocks, i64 row_bytes, i64 step_bytes, i64 main_steps, ptr tail, ptr ahead,
-    i64 ahead_stride, i64 ahead_rows)`:
+    i64 ahead_stride, i64 ahead_rows, ptr kept)`:
     micro_kernel.micro_kernel_function's signature (steps counting 32 depths) with `blocks`
     register blocks of mr rows one after the other: for q < blocks,
     C[q mr + r, j] (+)= sum over d < 32 steps of A[q mr + r, d] * B[d, j] for q mr + r < rows
@@ -72,7 +75,9 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
     lines prefetched into L1 PREFETCH_STEPS ahead.
     The n-th (run, block, step) of the call also prefetches into L2 rows AHEAD_ROWS n..
     (below ahead_rows) of a strip of 64 bytes at `ahead`, ahead_stride bytes a row
-    (_prefetch_ahead).
+    (_prefetch_ahead). `kept` is scratch of blocks x mr x nr f32 (64-byte aligned), a
+    compact slot per block where its accumulators wait between runs and a ragged block's
+    C is staged.
     One call per B micro-panel and A block: `ldtilecfg` and `tilerelease` are paid once
     per call."""
     panel_columns = panel_columns or nr
@@ -94,15 +99,15 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
     zeros = _zero_rows(module)
 
     fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, PTR, I64, I64, I64, I1, I64,
-                                           I64, I64, I64, PTR, PTR, I64, I64])
+                                           I64, I64, I64, PTR, PTR, I64, I64, PTR])
     function = ir.Function(module, fnty, name)
     function.linkage = "internal"
     function.attributes.add("nounwind")
     function.attributes.add("noinline")
     (a_first, bp, steps, c_first, ldc, rows_first, cols, first, blocks,
      row_bytes, step_bytes, main_steps, tail_first, ahead, ahead_stride,
-     ahead_rows) = function.args
-    for arg in (bp, c_first):
+     ahead_rows, kept_first) = function.args
+    for arg in (bp, c_first, kept_first):
         arg.add_attribute("noalias")
     b = ir.IRBuilder(function.append_basic_block("entry"))
 
@@ -112,8 +117,6 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
     tile_rows, tile_bytes = const(AMX_TILE_ROWS, I16), const(TILE_BYTES, I16)
     tile_bytes_wide = const(TILE_BYTES)  # the row stride of a compact tile
     byte = I8
-    stage = b.alloca(ir.ArrayType(F32, mr * nr), name="stage")
-    stage.align = 64
     c_stride = b.mul(ldc, const(4))
     stage_stride = const(4 * nr)
     vector = ir.VectorType(F32, LANES)
@@ -135,7 +138,9 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
     run_start = b.phi(I64, name="s0")
     run_start.add_incoming(const(0), before)
     run_length = _smin(b, run_steps, b.sub(steps, run_start))
-    run_first = b.and_(first, b.icmp_signed("==", run_start, const(0)))
+    first_run = b.icmp_signed("==", run_start, const(0))
+    run_first = b.and_(first, first_run)
+    last_run = b.icmp_signed(">=", b.add(run_start, run_steps), steps)
     run_a = element_pointer(b, a_first, b.mul(run_start, step_bytes), byte)
     run_main = b.sub(main_steps, run_start)
     run_b = element_pointer(b, bp, b.mul(run_start, const(AMX_DEPTH * 2 * panel_columns)),
@@ -152,12 +157,13 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
     a = element_pointer(b, run_a, b.mul(block, b.mul(row_bytes, const(mr))), byte)
     tail = element_pointer(b, tail_first, b.mul(block, const(mr * TILE_BYTES)), byte)
     c = element_pointer(b, c_first, b.mul(b.mul(block, const(mr)), c_stride), byte)
+    stage = element_pointer(b, kept_first, b.mul(block, const(mr * nr)), F32)
     rows = b.sub(rows_first, b.mul(block, const(mr)))
     whole = b.and_(b.icmp_signed(">=", rows, const(mr)), b.icmp_signed(">=", cols, const(nr)))
 
     def ragged_rows(move):
         """move(staged, in_c, mask, masked_load, masked_store) for each vector of the
-        block's rows of C that exist (below `rows`), and its place in the staging block."""
+        block's rows of C that exist (below `rows`), and its place in the block's slot."""
         for r in range(mr):
             with b.if_then(b.icmp_signed("<", const(r), rows)):
                 for part, (mask, masked_load, masked_store) in enumerate(masks):
@@ -173,11 +179,15 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
     def stage_out(staged, in_c, mask, _masked_load, masked_store):
         b.call(masked_store, [b.load(staged, typ=vector, align=4), in_c, const(4, I32), mask])
 
-    # A ragged block (not first) starts from C's values copied into the staging block.
-    with b.if_then(b.and_(b.not_(whole), b.not_(run_first))):
+    # Between runs the accumulators wait in the block's compact slot (`stage`), not in C:
+    # C's rows 8 KB apart (2048 columns) fall on one L1 set pair and 16 L2 sets, and
+    # reloading them there every run cost about 10% of the kernel's time (C model). A
+    # ragged block (not first) starts from C's values copied into the slot.
+    with b.if_then(b.and_(b.and_(b.not_(whole), b.not_(first)), first_run)):
         ragged_rows(stage_in)
-    start = b.select(whole, c, stage)
-    start_stride = b.select(whole, c_stride, stage_stride)
+    from_c = b.and_(whole, first_run)
+    start = b.select(from_c, c, stage)
+    start_stride = b.select(from_c, c_stride, stage_stride)
     start = b.select(run_first, zeros, start)
     start_stride = b.select(run_first, const(0), start_stride)
 
@@ -217,14 +227,16 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
                 for tr in range(row_tiles) for tc in range(column_tiles)]
     finals = carried_loop(b, function, run_length, initial, depth_step, "depth", "step")
 
-    # Whole blocks go straight to C; ragged ones through the staging block, then under masks.
-    out = b.select(whole, c, stage)
-    out_stride = b.select(whole, c_stride, stage_stride)
+    # After the last run whole blocks go straight to C, ragged ones through their slot,
+    # then under masks; after the others into the slot.
+    to_c = b.and_(whole, last_run)
+    out = b.select(to_c, c, stage)
+    out_stride = b.select(to_c, c_stride, stage_stride)
     for index, final in enumerate(finals):
         tr, tc = divmod(index, column_tiles)
         b.call(store, [tile_rows, tile_bytes, c_tile(out, out_stride, tr, tc), out_stride,
                        final])
-    with b.if_then(b.not_(whole)):
+    with b.if_then(b.and_(b.not_(whole), last_run)):
         ragged_rows(stage_out)
     following_block = b.add(block, const(1))
     block.add_incoming(following_block, b.block)
@@ -257,20 +269,21 @@ def _prefetch_ahead(module, b, ahead, stride, rows, step) -> None:
 
 def _prefetch_next_c(module, b, c, c_stride, step, mr: int, nr: int,
                      rows_per_step: int) -> None:
-    """Prefetch for writing rows rows_per_step x step.. (mod mr) of the next register
-    block's C (nr f32, 2 lines each): over a run of mr / rows_per_step steps or more, its
-    whole C arrives before its loads and stores. Past the last block the lines may lie
-    outside C; a prefetch never faults."""
+    """Prefetch into L2 rows rows_per_step x step.. (mod mr) of the next register block's C
+    (nr f32, 2 lines each): over a run of mr / rows_per_step steps or more, its whole C
+    arrives before its loads and stores (a line no other core holds comes exclusive, so
+    the store needs no further request). Past the last block the lines may lie outside
+    C; a prefetch never faults."""
     prefetch = declare_intrinsic(module, "llvm.prefetch.p0", ir.VoidType(),
                                  [PTR, I32, I32, I32])
-    write, keep, data = (ir.Constant(I32, value) for value in (1, 3, 1))
+    read, l2, data = (ir.Constant(I32, value) for value in (0, 2, 1))
     for extra in range(rows_per_step):
         row = b.add(b.mul(step, ir.Constant(I64, rows_per_step)), ir.Constant(I64, extra))
         row = b.add(b.and_(row, ir.Constant(I64, mr - 1)), ir.Constant(I64, mr))
         start = element_pointer(b, c, b.mul(row, c_stride), I8)
         for line in range(nr * 4 // 64):
             b.call(prefetch, [element_pointer(b, start, ir.Constant(I64, 64 * line), I8),
-                              write, keep, data])
+                              read, l2, data])
 
 
 def _prefetch(module, b, a, bp, step, mr: int, nr: int, panel_columns: int, row_bytes,

@@ -26,7 +26,12 @@ depths; only the depth tail (kc % 32 depths, zero-padded to a slab of 32) and th
 matrix's ragged last register block (whose rows past M do not exist) are packed as above.
 That saves the packing's pass over A (about 12% of a one-thread 333 x 1000 x 777) where
 the rows spread over L1's sets; rows 2 or 4 KB apart (K = 1024, 2048) fall on 2 to 4 sets
-and are packed.
+and are packed. Such an A's slabs (and the parts of one read in place that are packed)
+are copied as bits, a 64-byte row of a slab per load and store (`copy_a_slabs`); other
+operands (casts, fused producers, transposed) go through gemm_bf16's f32 packing.
+(Reading A in place at K = 2048 was tried again with the packed flavour's runs and
+`tileloaddt1`, in a C model of the kernel: 15 ns a `tdpbf16ps` against 13 on packed slabs
+with A on a cache line, 27-29 ns with A 16 or 32 bytes past one, as NumPy's arrays are.)
 
 The micro-kernel (tilegen/amx_kernel.py) keeps 2 x 2 accumulator tiles (C, 32 x 32 f32)
 in tile registers across its depth loop (x86_amx phis) and loads 2 tiles of A and 2 of B
@@ -34,10 +39,13 @@ per 32 depths: all 8 tile registers; on packed A it goes over the call's registe
 in runs of up to 16 depth steps, so B's part of a run stays in L1. A B panel of at most 16
 columns (C's last where N % 32 <= 16, or the last of a thread's share: threads split
 columns in tiles of 16, `column_unit`) runs on the kernel of one column of tiles, and a
-ragged last block of at most 16 rows on one row of tiles. The accumulators start from C
-itself when the block is whole and not the first depth block (or run), from a zero
-constant when it is the first, and from a 32 x 32 staging block on the stack for the
-ragged blocks at the edges of C, which are copied in and out under row and column masks.
+ragged last block of at most 16 rows on one row of tiles. Each register block of the A
+block has a compact slot of 32 x 32 f32 past the A block's slabs (`kept_slots`): between
+runs its accumulators wait there, not in C (whose rows 8 KB apart at N = 2048 fall on
+one L1 set pair), so a call reads C at most once, in its first run, and writes it once,
+in its last. The accumulators start from a zero constant in the first depth block, from C
+itself when the block is whole, and from the slot for the ragged blocks at the edges of
+C, whose C is copied in and out under row and column masks.
 
 Tile instructions need the operating system's consent (target.amx_tile_permission):
 gemm_bf16.bf16_kernel asks for it before it picks AMX, and takes another kernel when it is
@@ -64,10 +72,12 @@ from .gemm_bf16 import (
     is_amx_block,
     operand_pointer,
 )
-from .micro_kernel import I64
+from .micro_kernel import I64, PTR, declare_intrinsic
 from .target import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 
-I8, I16 = ir.IntType(8), ir.IntType(16)
+I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+# Rows of A that copy_a_slabs copies side by side, slab by slab.
+COPY_ROWS = 4
 # A is read in place only when its row stride in bytes has no power-of-two factor above
 # this, so a block's 32 rows fall on at least 16 of L1's 64 sets: at 2 and 4 KB (1024^3,
 # 2048^3) they fell on 2 to 4 and the product ran 20-30% slower than on packed A, while
@@ -95,8 +105,10 @@ class AmxEmitter(Bf16DotEmitter):
         # A block: tile_depth / 32 slabs of mc rows x 32 depths (a_offset); read in place,
         # the same for the matrix's ragged last register block, then one slab for the depth
         # tail (`tail_slab`). gemm.py sizes the block as mc x a_stride.
+        # Past both, mc rows of nr f32 (2 nr bf16 each): the kernel's compact C slots
+        # (`kept_slots`).
         tail = AMX_DEPTH if self.a_row_stride is not None else 0
-        self.a_stride = self.tile_depth + tail
+        self.a_stride = self.tile_depth + tail + 2 * gemm.tiles.nr
         self.direct = None  # (pointer to A's block, rows read in place): pack_a sets it
         # Threads split the columns in single tiles, so a share may end half-way into a
         # panel; that panel, and C's last one where N % 32 <= 16, run on the kernel of one
@@ -109,6 +121,10 @@ class AmxEmitter(Bf16DotEmitter):
         self.b_block = None  # pack_b's (jc, nc, pc) when panel_at_a_time
         stride = bf16_row_stride(gemm, cg.buffers, gemm.b_elem, gemm.j, gemm.k)
         self.b_row_stride = stride if stride is not None and stride > 0 else None
+        # A's row stride in elements when it is a plain row-major bf16 load, read in place
+        # or not: its slabs are then packed by copying 64-byte rows (copy_a_slabs).
+        stride = bf16_row_stride(gemm, cg.buffers, gemm.a_elem, gemm.k, gemm.i)
+        self.a_plain_stride = stride if stride is not None and stride > 0 else None
 
     def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
         self.request_tile_data()
@@ -209,13 +225,23 @@ class AmxEmitter(Bf16DotEmitter):
         """Where the depth tail's slab (mc rows x 32 depths) of an A read in place goes."""
         return self.gep(packed, self.const(self.tiles.mc * self.tile_depth))
 
+    def kept_slots(self, packed):
+        """The kernel's scratch for C (amx_micro_kernel's `kept`: mr x nr f32 per register
+        block of the A block, 64-byte aligned as mc is whole blocks): after A's slabs and
+        tail slab in the A block."""
+        rows = self.a_stride - 2 * self.tiles.nr
+        return self.gep(packed, self.const(self.tiles.mc * rows))
+
     def a_pointer(self, row, depth):
         """&A[row, depth] (the batch entry from the gemm's batch variables)."""
         return operand_pointer(self.cg, self.g.a_elem, {self.g.i: row, self.g.k: depth})
 
     def pack_a_slabs(self, packed, ic, mc, pc, kc) -> None:
         """gemm_bf16's rows (zeros from kc up to a multiple of 16), then zeros up to the next
-        multiple of 32 where that is further."""
+        multiple of 32 where that is further; a plain row-major A by copy_a_slabs."""
+        if self.a_plain_stride is not None:
+            self.copy_a_slabs(packed, ic, mc, pc, kc)
+            return
         super().pack_a(packed, ic, mc, pc, kc)
         b = self.b
         written = _round_up(b, kc, LANES)
@@ -225,6 +251,42 @@ class AmxEmitter(Bf16DotEmitter):
                 b.store(zero, self.gep(packed, self.a_offset(r, written)), align=2)
                 return carried
             self.cg.loop(self.const(0), mc, 1, [], row)
+
+    def copy_a_slabs(self, packed, ic, mc, pc, kc) -> None:
+        """The slabs of a plain row-major bf16 A as its bits: per group of COPY_ROWS rows and
+        slab, each row's 32 depths as one 64-byte load (masked past kc: zeros up to the
+        slab's end) and one aligned store. gemm_bf16's rows went through f32, 32 bytes at
+        a time, a row's stores 16 KB apart; a C model of the copy (2048 x 2048 in blocks of
+        256 x 1024) ran 0.53 ms that way and 0.38 ms this way."""
+        b = self.b
+        lanes = 2 * LANES  # bf16 in 64 bytes
+        vector = ir.VectorType(I16, lanes)
+        masked_load = declare_intrinsic(self.cg.module, "llvm.masked.load.v32i16.p0", vector,
+                                        [PTR, I32, ir.VectorType(I1, lanes), vector])
+        whole = b.ashr(kc, self.const(5))  # slabs whose 32 depths are all inside kc
+        steps = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+        inside = b.icmp_signed("<", steps, self.cg.splat(
+            b.and_(kc, self.const(AMX_DEPTH - 1)), lanes))  # the partial slab's depths
+
+        def group(r0, carried):
+            rows = [b.add(r0, self.const(q)) for q in range(COPY_ROWS)]
+            sources = [self.a_pointer(b.add(ic, row), pc) for row in rows]
+
+            def slab(s, carried, masked=False):
+                depth = b.shl(s, self.const(5))
+                for row, source in zip(rows, sources, strict=True):
+                    with b.if_then(b.icmp_signed("<", row, mc)):
+                        at = self.gep(source, depth)
+                        value = b.call(masked_load, [at, ir.Constant(I32, 2), inside,
+                                                     ir.Constant(vector, None)]) \
+                            if masked else b.load(at, typ=vector, align=2)
+                        b.store(value, self.gep(packed, self.a_offset(row, depth)), align=64)
+                return carried
+            self.cg.loop(self.const(0), whole, 1, [], slab)
+            with b.if_then(b.icmp_signed("<", b.shl(whole, self.const(5)), kc)):
+                slab(whole, [], masked=True)
+            return carried
+        self.cg.loop(self.const(0), mc, COPY_ROWS, [], group)
 
     def micro_kernel(self) -> ir.Function:
         return self.kernel(self.tiles.mr, self.tiles.nr)
@@ -248,7 +310,7 @@ class AmxEmitter(Bf16DotEmitter):
             ahead = ahead or (b_panel, self.const(0), self.const(0))  # nothing ahead
             b.call(kernel, [a, b_panel, steps, self.c_pointer(row0, col0), self.const(g.n),
                             b.sub(row_hi, row0), b.sub(col_end, col0), first, blocks,
-                            *layout, tail, *ahead])
+                            *layout, tail, *ahead, self.kept_slots(packed_a)])
 
         def ragged(columns, a, b_panel, row0, col0):
             """The packed ragged last block: on one row of tiles when it has at most 16

@@ -132,27 +132,39 @@ def gemm_dtype(options: Config) -> str:
     return L.F32 if bf16_kernel(options) == "widen" else L.BF16_STORAGE
 
 
-def bf16_tiles(m: int, n: int, k: int, options: Config) -> L.GemmTiles:
-    """The blocks of a bf16 gemm: AMX tiles (amx_tiles) when bf16_kernel picks AMX, else the
-    f32 register and cache blocks with twice the depth per block (16-bit panels of
-    kc = 512 take the bytes f32 panels of 256 do)."""
+def bf16_tiles(m: int, n: int, k: int, options: Config, threads: int = 1) -> L.GemmTiles:
+    """The blocks of a bf16 gemm on `threads` threads: AMX tiles (amx_tiles) when
+    bf16_kernel picks AMX, else the f32 register and cache blocks with twice the depth per
+    block (16-bit panels of kc = 512 take the bytes f32 panels of 256 do)."""
     if bf16_kernel(options) == "amx":
-        return amx_tiles(m, n, k, options.target)
+        return amx_tiles(m, n, k, options.target, threads)
     tiles = default_tiles(L.F32, m, n, k, options.target)
     return replace(tiles, kc=min(512, k))
 
 
-def amx_tiles(m: int, n: int, k: int, target: Target) -> L.GemmTiles:
+def amx_tiles(m: int, n: int, k: int, target: Target, threads: int = 1) -> L.GemmTiles:
     """Register block: AMX_ROWS x 32 (2 x 2 accumulator tiles of 16 x 16 f32; one row of
     tiles for products of at most 16 rows); depth block all of k up to 1024 (a multiple of
     32 past it: a tile row of A holds 32 bf16), which was the fastest in noisy timings of
     1024^3 against 256, 384 and 512 (C is loaded and stored once per depth block), longer
-    where that saves a short last block (amx_depth_block); the B panel kc x nc at most half
-    of L2, the A block at most a quarter, or all of M where that fits half of L2 (333 x
-    1000: one row block, so gemm_amx packs B a panel at a time)."""
+    where that saves a short last block (amx_depth_block); the B block kc x nc half of L2,
+    or up to all of it where one of `threads` column shares is wider than that, the A block
+    at most a quarter of L2, or all of M where that fits half of L2 (333 x 1000: one row
+    block, so gemm_amx packs B a panel at a time).
+    A thread packs all of A once per column block of its share when threads split the
+    columns, so its share in one block halves that packing: a one-thread 2048 x 2048 x 1024
+    (2048^3's share on two threads) ran in 8.7-9.4 ms of CPU time with blocks of 1024
+    columns against 9.7-10.4 with 512 (half of L2), ad hoc on a loaded machine. The B block
+    need not stay in L2: each kernel call reads one micro-panel (kc x 32) from L2 or L3
+    once, and its runs keep their part of it in L1."""
     mr = AMX_TILE_ROWS if m <= AMX_TILE_ROWS else AMX_ROWS
     kc = amx_depth_block(k)  # padded to whole tiles while packing
-    panel_columns = max(AMX_COLUMNS, target.l2_bytes // 2 // (2 * kc))
+    unit = AMX_COLUMNS // 2  # gemm_amx's threads split columns in tiles of 16
+    units = -(-n // unit)
+    share = -(-units // threads) * unit
+    share = -(-share // AMX_COLUMNS) * AMX_COLUMNS
+    half = target.l2_bytes // 2 // (2 * kc)
+    panel_columns = max(AMX_COLUMNS, min(max(share, half), 2 * half))
     nc = column_block(n, AMX_COLUMNS, panel_columns)
     rows = max(mr, target.l2_bytes // 4 // (2 * kc) // mr * mr)
     whole = -(-m // mr) * mr

@@ -209,7 +209,7 @@ class LowerContext:
             # Few rows: B (a weight matrix) streamed once where it lies, not packed.
             tiles = gemm_small.small_m_tiles(dtype, m, n, k, self.options.target)
         elif dtype == L.BF16_STORAGE:
-            tiles = gemm_bf16.bf16_tiles(m, n, k, self.options)
+            tiles = gemm_bf16.bf16_tiles(m, n, k, self.options, threads)
         elif self.choose_tiles is not None:
             tiles = self.choose_tiles(dtype, batch_extents, m, n, k, threads)
         else:
