@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .gemm import _smin
 from .gemm_bf16 import AMX_DEPTH, AMX_TILE_ROWS, LANES, NamedLLVMType
-from .micro_kernel import I64, PTR, carried_loop, declare_intrinsic, element_pointer, splat
+from .micro_kernel import I64, PTR, carried_loop, declare_intrinsic, element_pointer, smin, splat
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 F32 = ir.FloatType()
@@ -137,7 +136,7 @@ def amx_micro_kernel(module: ir.Module, mr: int, nr: int, panel_columns: int | N
     b.position_at_end(run_block)
     run_start = b.phi(I64, name="s0")
     run_start.add_incoming(const(0), before)
-    run_length = _smin(b, run_steps, b.sub(steps, run_start))
+    run_length = smin(b, run_steps, b.sub(steps, run_start))
     first_run = b.icmp_signed("==", run_start, const(0))
     run_first = b.and_(first, first_run)
     last_run = b.icmp_signed(">=", b.add(run_start, run_steps), steps)

@@ -27,6 +27,7 @@ from kina_frontend.diagnostics import KinaError
 
 from . import loopir as L
 from .codegen_values import Val, bind_flat_index
+from .micro_kernel import smin
 
 I1 = ir.IntType(1)
 I32 = ir.IntType(32)
@@ -386,7 +387,3 @@ class AttentionEmitter:
 
 def _val(value):
     return Val(value, False)
-
-
-def smin(b, x, y):
-    return b.select(b.icmp_signed("<", x, y), x, y)

@@ -39,6 +39,7 @@ from .micro_kernel import (
     cache_line_aligned,
     element_pointer,
     micro_kernel_function,
+    smin,
 )
 from .schedule import strided_load
 from .target import Target
@@ -157,7 +158,7 @@ def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> 
         def entry(flat, carried):
             base = b.mul(flat, units)
             start = _smax(b, b.sub(lo, base), ir.Constant(I64, 0))
-            stop = _smin(b, b.sub(hi, base), units)
+            stop = smin(b, b.sub(hi, base), units)
             child.push_scope()
             bind_flat_index(b, child.env[-1], gemm.batch, gemm.batch_extents, flat)
             emitter = _emitter(child, gemm)
@@ -182,7 +183,7 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
         emitter = _emitter(child, gemm)
         emitter.rows(ir.Constant(I64, 0), ir.Constant(I64, gemm.m),
                      b.mul(lo, ir.Constant(I64, unit)),
-                     _smin(b, b.mul(hi, ir.Constant(I64, unit)), ir.Constant(I64, gemm.n)))
+                     smin(b, b.mul(hi, ir.Constant(I64, unit)), ir.Constant(I64, gemm.n)))
         _glue_region(child, emitter)
 
     def row_body(child, lo, hi):
@@ -236,7 +237,7 @@ def _val(value):
 
 def _row_end(cg, hi_units, mr, m):
     rows = cg.b.mul(hi_units, ir.Constant(I64, mr))
-    return _smin(cg.b, rows, ir.Constant(I64, m))
+    return smin(cg.b, rows, ir.Constant(I64, m))
 
 
 def _transpose(b, rows: list) -> list:
@@ -263,10 +264,6 @@ def _transpose(b, rows: list) -> list:
 
 def _smax(b, x, y):
     return b.select(b.icmp_signed(">", x, y), x, y)
-
-
-def _smin(b, x, y):
-    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 class _GemmEmitter:
@@ -351,7 +348,7 @@ class _GemmEmitter:
             # block to one of them); the clamp only keeps the index in range.
             number = self.b.call(self.cg.declare("omp_get_thread_num", ir.FunctionType(
                 ir.IntType(32), [])), [])
-            thread = _smin(self.b, self.b.sext(number, I64), self.const(threads - 1))
+            thread = smin(self.b, self.b.sext(number, I64), self.const(threads - 1))
         slot = self.cg.block_slot(first, thread)
         pointer = self.cg.acquire_block(slot, nbytes)
         failed = self.b.icmp_unsigned("==", pointer, ir.Constant(PTR, None))
@@ -378,17 +375,17 @@ class _GemmEmitter:
         packed_a, packed_b = self.panels(block, a_size)
 
         def column_block(jc, carried):
-            nc = _smin(self.b, self.const(t.nc), self.b.sub(col_end, jc))
+            nc = smin(self.b, self.const(t.nc), self.b.sub(col_end, jc))
 
             def depth_block(pc, carried):
-                kc = _smin(self.b, self.const(t.kc), self.b.sub(self.const(g.k_extent), pc))
+                kc = smin(self.b, self.const(t.kc), self.b.sub(self.const(g.k_extent), pc))
                 whole = g.k_extent % self.lanes == 0 and t.kc % self.lanes == 0
                 self.whole_depth_block = kc if whole else None
                 self.pack_b(packed_b, jc, nc, pc, kc)
                 first = self.b.icmp_signed("==", pc, self.const(0))
 
                 def row_block(ic, carried):
-                    mc = _smin(self.b, self.const(t.mc), self.b.sub(row_hi, ic))
+                    mc = smin(self.b, self.const(t.mc), self.b.sub(row_hi, ic))
                     self.pack_a(packed_a, ic, mc, pc, kc)
                     if g.dtype in L.FLOAT_TYPES:
                         self.zero_a_rows(packed_a, mc, kc)
@@ -551,7 +548,7 @@ class _GemmEmitter:
         b, mr = self.b, self.tiles.mr
         if self.g.m % mr == 0:
             return  # row blocks start at multiples of mr and end at one or at M: all whole
-        end = _smin(b, b.mul(b.sdiv(b.add(mc, self.const(mr - 1)), self.const(mr)),
+        end = smin(b, b.mul(b.sdiv(b.add(mc, self.const(mr - 1)), self.const(mr)),
                              self.const(mr)), self.const(self.tiles.mc))
         zero = ir.Constant(self.vector, None)
 

@@ -61,7 +61,7 @@ from llvmlite import ir
 
 from . import loopir as L
 from .amx_kernel import AHEAD_ROWS, TILE_BYTES, TILE_COLUMNS, amx_micro_kernel
-from .gemm import PACKED_EMITTERS, _smin, splits_columns
+from .gemm import PACKED_EMITTERS, splits_columns
 from .gemm_bf16 import (
     AMX_DEPTH,
     AMX_TILE_ROWS,
@@ -72,7 +72,7 @@ from .gemm_bf16 import (
     is_amx_block,
     operand_pointer,
 )
-from .micro_kernel import I64, PTR, declare_intrinsic
+from .micro_kernel import I64, PTR, declare_intrinsic, smin
 from .target import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -342,7 +342,7 @@ class AmxEmitter(Bf16DotEmitter):
             ahead = None
             if self.panel_at_a_time:
                 nr, (_, _, pc) = self.const(self.tiles.nr), self.b_block
-                self.pack_b_panels(packed_b, col0, _smin(b, b.sub(nc, jr), nr), pc, kc)
+                self.pack_b_panels(packed_b, col0, smin(b, b.sub(nc, jr), nr), pc, kc)
                 b_panel = packed_b
                 ahead = self.next_panel_source(b.add(col0, nr), b.add(jc, nc), pc, kc)
             else:

@@ -35,7 +35,13 @@ from llvmlite import ir
 from . import loopir as L
 from .codegen import KernelCodegen
 from .codegen_values import I64, PTR, SCALAR_LLVM, Val, linear_offset, zeros
-from .micro_kernel import declare_intrinsic, element_pointer, micro_kernel_function, splat
+from .micro_kernel import (
+    declare_intrinsic,
+    element_pointer,
+    micro_kernel_function,
+    smin,
+    splat,
+)
 from .parallel import CapturedPointers
 from .schedule import flat_coefficient
 from .shared import return_status
@@ -204,7 +210,7 @@ def _build_pack_a(shell: _PackShell, module: ir.Module, dtype: str, lanes: int) 
             b.store(value, element_pointer(b, target, whole, element), align=align)
     _counted_loop(b, function, zero, count, 1, row)
     whole_blocks = b.mul(b.sdiv(b.add(count, b.sub(mr, ir.Constant(I64, 1))), mr), mr)
-    end = _smin(b, whole_blocks, mc)
+    end = smin(b, whole_blocks, mc)
 
     def zero_row(r):
         target = element_pointer(b, packed, b.mul(r, a_stride), element)
@@ -360,15 +366,15 @@ def driver_function(module: ir.Module, emitter) -> ir.Function:
         b.position_at_end(following)
 
     def column_block(jc):
-        nc = _smin(b, nc_max, b.sub(col_hi, jc))
+        nc = smin(b, nc_max, b.sub(col_hi, jc))
 
         def depth_block(pc):
-            kc = _smin(b, kc_max, b.sub(k, pc))
+            kc = smin(b, kc_max, b.sub(k, pc))
             check(b.call(pack_b, [context_b, packed_b, jc, nc, pc, kc]))
             first = b.icmp_signed("==", pc, const(0))
 
             def row_block(ic):
-                mc = _smin(b, mc_max, b.sub(row_hi, ic))
+                mc = smin(b, mc_max, b.sub(row_hi, ic))
                 check(b.call(pack_a, [context_a, packed_a, ic, mc, pc, kc]))
 
                 def panel(jr):
@@ -420,10 +426,6 @@ def _counted_loop(b: ir.IRBuilder, function: ir.Function, start, stop, step, bod
     index.add_incoming(following, b.block)
     b.cbranch(b.icmp_signed("<", following, stop), loop, done)
     b.position_at_end(done)
-
-
-def _smin(b: ir.IRBuilder, x, y):
-    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 def _entry_alloca(cg: KernelCodegen, count: int) -> ir.Value:

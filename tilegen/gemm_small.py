@@ -155,7 +155,7 @@ class _SmallMEmitter(G._GemmEmitter):
         def entry(flat, carried):
             base = b.mul(flat, units)
             start = G._smax(b, b.sub(lo, base), self.const(0))
-            stop = G._smin(b, b.sub(hi, base), units)
+            stop = MK.smin(b, b.sub(hi, base), units)
             self.cg.push_scope()
             bind_flat_index(b, self.cg.env[-1], g.batch, g.batch_extents, flat)
             self.pack_a(block, self.const(0), self.const(g.m), self.const(0),
@@ -163,12 +163,12 @@ class _SmallMEmitter(G._GemmEmitter):
             row_stride = self.b_row_stride()
 
             def depth_block(pc, carried):
-                depth = G._smin(b, self.const(t.kc), b.sub(self.const(g.k_extent), pc))
+                depth = MK.smin(b, self.const(t.kc), b.sub(self.const(g.k_extent), pc))
                 first = b.icmp_signed("==", pc, self.const(0))
 
                 def strip(index, carried):
                     column = b.mul(index, self.const(t.nr))
-                    columns = G._smin(b, self.const(t.nr), b.sub(self.const(g.n), column))
+                    columns = MK.smin(b, self.const(t.nr), b.sub(self.const(g.n), column))
                     b_row = MK.element_pointer(b, self.b_pointer(column),
                                               b.mul(pc, self.const(row_stride)), self.element)
                     for row in range(0, g.m, t.mr):

@@ -82,6 +82,11 @@ def declare_intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list) ->
     return found if found is not None else ir.Function(module, ir.FunctionType(ret, args), name)
 
 
+def smin(b: ir.IRBuilder, x, y):
+    """The signed minimum of two integers."""
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
 def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
     i32 = ir.IntType(32)
     ty = ir.VectorType(value.type, lanes)
