@@ -27,6 +27,7 @@ from .codegen_values import (
     I1,
     I32,
     I64,
+    PROFILE_COUNTERS,
     PTR,
     SCALAR_LLVM,
     Lane,
@@ -41,6 +42,8 @@ from .irbuilder import Builder
 from .micro_kernel import cache_line_aligned
 from .target import Target
 from .vecmath import MathLibrary
+
+CLOCK_PROCESS_CPUTIME_ID = 2  # <time.h> on Linux (x86-64 and aarch64)
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def _as_int(bound):
 
 class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
     def __init__(self, module: ir.Module, kernel: L.Kernel, symbol: str, math: MathLibrary,
-                 target: Target, emitters: Emitters, profile: bool = False,
+                 target: Target, emitters: Emitters, profile: str = "",
                  stack_bytes: int = 1 << 20):
         self.module = module
         self.target = target
@@ -109,7 +112,7 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
         """State for generating `function`, a helper of `parent`'s kernel (a parallel
         region, a shared statement): the kernel's buffers and block table, fresh scopes."""
         self.module = parent.module
-        self.profile = False
+        self.profile = ""
         self.kernel = parent.kernel
         self.math = parent.math
         self.target = parent.target
@@ -137,14 +140,14 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
         counters = self._profile_counters() if self.profile else None
         shared = self.emitters.shared(self)  # repeated statements: one function, many calls
         for position, stmt in enumerate(self.kernel.body):
-            started = self._cycles() if counters is not None else None
+            started = self._clock() if counters is not None else None
             if not shared.emit(position):
                 self.stmt(stmt)
             if counters is not None:
                 slot = self.b.gep(counters, [ir.Constant(I64, 0), ir.Constant(I64, position)],
                                   source_etype=counters.value_type)
                 slot.type = PTR  # opaque, as LLVM 22 has it
-                spent = self.b.sub(self._cycles(), started)
+                spent = self.b.sub(self._clock(), started)
                 self.b.store(self.b.add(self.b.load(slot, typ=I64), spent), slot)
         self.exit_with(ir.Constant(I64, 0))
         self.b.position_at_end(self.exit_block)
@@ -243,14 +246,30 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
         self.b.call(self._free(), [displaced])
 
     def _profile_counters(self) -> ir.GlobalVariable:
-        """Per top-level loop nest cycle counters (TILEGEN_PROFILE): `<symbol>.cycles`."""
+        """Per top-level loop nest counters (TILEGEN_PROFILE), named by PROFILE_COUNTERS."""
         array = ir.ArrayType(I64, max(1, len(self.kernel.body)))
-        counters = ir.GlobalVariable(self.module, array, self.function.name + ".cycles")
+        suffix = PROFILE_COUNTERS[self.profile][0]
+        counters = ir.GlobalVariable(self.module, array, self.function.name + suffix)
         counters.initializer = ir.Constant(array, None)
+        if self.profile == "cpu":
+            self._timespec = self.b.alloca(ir.ArrayType(I64, 2), name="profile.timespec")
+            self._timespec.type = PTR
         return counters
 
-    def _cycles(self) -> ir.Value:
-        return self.b.call(self.declare("llvm.readcyclecounter", ir.FunctionType(I64, [])), [])
+    def _clock(self) -> ir.Value:
+        if self.profile != "cpu":
+            return self.b.call(self.declare("llvm.readcyclecounter",
+                                            ir.FunctionType(I64, [])), [])
+        # All threads' CPU time, so a parallel nest counts its workers too; time the
+        # process spends preempted on a loaded machine is not counted, as cycles would be.
+        clock_gettime = self.declare("clock_gettime", ir.FunctionType(I32, [I32, PTR]))
+        self.b.call(clock_gettime, [ir.Constant(I32, CLOCK_PROCESS_CPUTIME_ID),
+                                    self._timespec])
+        seconds = self.b.load(self._timespec, typ=I64)
+        fraction = self.b.gep(self._timespec, [ir.Constant(I64, 1)], source_etype=I64)
+        fraction.type = PTR
+        nanoseconds = self.b.load(fraction, typ=I64)
+        return self.b.add(self.b.mul(seconds, ir.Constant(I64, 1_000_000_000)), nanoseconds)
 
     def exit_with(self, status: ir.Value) -> None:
         for pointer in self.cleanups:

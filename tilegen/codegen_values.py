@@ -30,6 +30,9 @@ SCALAR_LLVM = {L.F32: ir.FloatType(), L.F64: ir.DoubleType(), L.I64: I64, L.BOOL
 # frees the blocks when the code is unloaded -- without running code that may be gone.
 BLOCKS_SUFFIX = ".blocks"
 BLOCK_COUNT_SUFFIX = ".blockcount"
+# TILEGEN_PROFILE's counters per mode: `<symbol><suffix>`, one i64 per top-level nest, and
+# what they count.
+PROFILE_COUNTERS = {"cycles": (".cycles", "cycles"), "cpu": (".cpu_ns", "ns of CPU time")}
 # Float ops may be contracted into FMAs (more accurate, never less).
 FLOAT_FLAGS = ("contract",)
 

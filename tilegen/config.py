@@ -2,7 +2,10 @@
 
 TILEGEN_NUM_THREADS  threads for parallel loops (default: all cores; 1 disables)
 TILEGEN_CACHE_DIR    opt-in on-disk cache of compiled object code (unset: memory only)
-TILEGEN_PROFILE      1: count cycles per top-level loop nest (see tilegen.profile)
+TILEGEN_PROFILE      1 (or `cycles`): count time-stamp-counter cycles per top-level loop nest;
+                     `cpu`: count the process's CPU nanoseconds (all threads) per nest
+                     instead, which a loaded machine's preemption does not inflate
+                     (see tilegen.profile)
 TILEGEN_AUTOTUNE     1: time matmul tile candidates once per shape and keep the fastest
                      (default 0: the deterministic default tiles, no timing at compile)
 TILEGEN_MAX_INLINED_OPS  operations a function may have once its calls are inlined
@@ -58,7 +61,7 @@ MEMORY_CACHE_ENTRIES = 32
 class Config:
     num_threads: int
     cache_dir: str | None
-    profile: bool
+    profile: str  # TILEGEN_PROFILE: "" (off), "cycles" or "cpu"
     autotune: bool
     stack_bytes: int = 1 << 20
     target: Target = field(default_factory=host_target)
@@ -89,6 +92,13 @@ def _optional_int(name: str) -> int | None:
     if not os.environ.get(name, "").strip():
         return None
     return _int(name, 0, minimum=0)
+
+
+def _profile_mode() -> str:
+    raw = os.environ.get("TILEGEN_PROFILE", "").strip().lower()
+    if raw in ("cycles", "cpu"):
+        return raw
+    return "cycles" if _flag("TILEGEN_PROFILE", False) else ""
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -122,7 +132,7 @@ def load(target: str | None = None) -> Config:
         (os.cpu_count() or 1)
     return Config(num_threads=_int("TILEGEN_NUM_THREADS", cores),
                   cache_dir=os.environ.get("TILEGEN_CACHE_DIR") or None,
-                  profile=_flag("TILEGEN_PROFILE", False),
+                  profile=_profile_mode(),
                   autotune=_flag("TILEGEN_AUTOTUNE", False),
                   stack_bytes=stack_budget(),
                   bf16_kernel=_bf16_kernel(),

@@ -19,7 +19,7 @@ from kina_frontend.diagnostics import KinaError
 
 from . import forksafe
 from .cabi import check_c_names, glue_source, header
-from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
+from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX, PROFILE_COUNTERS
 from .parallel import THREADS_SUFFIX
 from .pipeline import KernelPlan, codegen, object_code, plans_target, to_llvm
 from .runtime import (
@@ -62,7 +62,7 @@ def metadata(plans: list[KernelPlan]) -> dict:
 
 
 def write_library(plans: list[KernelPlan], path: str, header_path: str | None = None,
-                  source: str = "a Kina program", profile: bool = False) -> None:
+                  source: str = "a Kina program", profile: str = "") -> None:
     """Write `path` (.so, .o or .a) from `plans`, and the C header if asked. Each file
     appears under its final name only when complete (temporary name, then rename)."""
     if os.path.isdir(path):
@@ -147,10 +147,14 @@ def _library_program(path: str, signatures: list[Signature], plans: list[KernelP
 
     def load(name: str) -> NativeCode:
         kernel = kernel_symbol(name)
-        try:
-            counters = ctypes.addressof(ctypes.c_int64.in_dll(library, kernel + ".cycles"))
-        except ValueError:
-            counters = None
+        counters, unit = None, ""
+        for suffix, counted in PROFILE_COUNTERS.values():
+            try:
+                counters = ctypes.addressof(ctypes.c_int64.in_dll(library, kernel + suffix))
+            except ValueError:
+                continue
+            unit = counted
+            break
         blocks = ctypes.addressof(ctypes.c_void_p.in_dll(library, kernel + BLOCKS_SUFFIX))
         count = ctypes.c_int64.in_dll(library, kernel + BLOCK_COUNT_SUFFIX).value
         # The thread cap after fork (tilegen/forksafe.py); every kernel has the pointer.
@@ -158,14 +162,14 @@ def _library_program(path: str, signatures: list[Signature], plans: list[KernelP
         return NativeCode(address(function_symbol(name, "packed")),
                           address(function_symbol(name, "entry")),
                           address(function_symbol(name, "call")), table, counters,
-                          _CodeOwner(library, blocks, count))
+                          _CodeOwner(library, blocks, count), unit)
 
     program = NativeProgram(signatures, kind, load, plans, path)
     program.functions  # noqa: B018 -- resolve every symbol now, while the file exists
     return new_module(program)
 
 
-def aot_module(plans: list[KernelPlan], profile: bool = False,
+def aot_module(plans: list[KernelPlan], profile: str = "",
                keep_path: str | None = None) -> CompiledModule:
     """Build a .so, load it, and (unless `keep_path` is given) remove the file again."""
     plans_target(plans).check_runs_on_host("load the library into this process")

@@ -224,7 +224,7 @@ def plans_target(plans: list[KernelPlan]) -> Target:
 
 
 def codegen(plans: list[KernelPlan], module_name: str = "kina",
-            profile: bool = False) -> ir.Module:
+            profile: str = "") -> ir.Module:
     target = plans_target(plans)
     module = ir.Module(name=module_name)
     module.triple = target.triple

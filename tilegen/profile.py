@@ -2,9 +2,12 @@
 
     TILEGEN_PROFILE=1 python -c "...; print(tilegen.profile.report(module.f))"
 
-With TILEGEN_PROFILE=1 each kernel counts CPU cycles (rdtsc) per top-level loop nest
-in a global array; `report` prints each nest (its loops and the buffer it writes) with
-its share.
+With TILEGEN_PROFILE=1 (or `cycles`) each kernel counts time-stamp-counter cycles (rdtsc,
+wall time on the calling thread) per top-level loop nest in a global array; with
+TILEGEN_PROFILE=cpu it counts nanoseconds of the process's CPU time instead (every
+thread's, from clock_gettime), which does not grow while a loaded machine preempts the
+process -- what to use when other jobs share the cores. `report` prints each nest (its
+loops and the buffer it writes) with its share.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ def counters(function) -> list[int]:
     compiled = _compiled(function)
     address = compiled._module.profile_address(compiled.plan)
     if address is None:
-        raise RuntimeError("compile with TILEGEN_PROFILE=1 to count cycles")
+        raise RuntimeError("compile with TILEGEN_PROFILE=1 (or cpu) to count per nest")
     array = (ctypes.c_int64 * len(compiled.plan.kernel.body)).from_address(address)
     return list(array)
 
@@ -45,7 +48,8 @@ def report(function) -> str:
     compiled = _compiled(function)
     counts = counters(function)
     total = sum(counts) or 1
-    lines = [f"{compiled.plan.kernel.name}: {total} cycles over all calls"]
+    unit = compiled._module.profile_unit(compiled.plan)
+    lines = [f"{compiled.plan.kernel.name}: {total} {unit} over all calls"]
     for stmt, count in zip(compiled.plan.kernel.body, counts, strict=True):
         lines.append(f"  {100 * count / total:5.1f}%  {count:>12}  {_headline(stmt)}")
     return "\n".join(lines)

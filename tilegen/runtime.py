@@ -22,7 +22,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from . import forksafe
-from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX
+from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX, PROFILE_COUNTERS
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
 from .gcpause import collector_paused
 from .gemm_amx import STATUS_NO_TILE_DATA
@@ -243,8 +243,9 @@ class NativeCode:
     entry: int  # address of its METH_FASTCALL entry (positional inputs then outputs)
     call: int  # address of its METH_FASTCALL | METH_KEYWORDS front (inputs, out=)
     table: int | None  # address of the runtime table the entry reads
-    profile: int | None  # address of the TILEGEN_PROFILE cycle counters, if compiled in
+    profile: int | None  # address of the TILEGEN_PROFILE counters, if compiled in
     owner: object  # the MCJIT engine or the loaded library, inside a _CodeOwner
+    profile_unit: str = ""  # what those counters count (codegen.PROFILE_COUNTERS)
 
 
 _LIBC_FREE = ctypes.CDLL(None).free
@@ -322,9 +323,13 @@ class NativeProgram:
                             doc=_text_signature(wrapper))
 
     def profile_address(self, plan: KernelPlan) -> int | None:
-        """Address of the kernel's cycle counters (compiled with TILEGEN_PROFILE=1)."""
+        """Address of the kernel's counters (compiled with TILEGEN_PROFILE set)."""
         self.function(plan.function.name)
         return self._natives[plan.function.name].profile
+
+    def profile_unit(self, plan: KernelPlan) -> str:
+        self.function(plan.function.name)
+        return self._natives[plan.function.name].profile_unit
 
 
 # A module's NativeProgram, stored in its instance dict under a key no Kina name can be.
@@ -400,7 +405,7 @@ def program_of(module: CompiledModule) -> NativeProgram:
     return object.__getattribute__(module, _PROGRAM)
 
 
-def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: bool = False,
+def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: str = "",
                disk=None, key: str | None = None) -> CompiledModule:
     """In-process MCJIT, one engine per function, compiled on first use. Nothing touches
     the disk unless a DiskCache is given (TILEGEN_CACHE_DIR), which supplies and keeps
@@ -445,11 +450,13 @@ def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: 
             blocks = engine.get_global_value_address(plan.symbol + BLOCKS_SUFFIX)
             count = engine.get_global_value_address(plan.symbol + BLOCK_COUNT_SUFFIX)
             table = engine.get_global_value_address(RUNTIME_TABLE)
-            counters = engine.get_global_value_address(plan.symbol + ".cycles") \
+            suffix, unit = PROFILE_COUNTERS[profile] if profile else ("", "")
+            counters = engine.get_global_value_address(plan.symbol + suffix) \
                 if profile else None
             forksafe.bind(engine.get_global_value_address(plan.symbol + THREADS_SUFFIX))
         return NativeCode(packed, entry, call, table, counters or None,
-                          _CodeOwner(engine, blocks, ctypes.c_int64.from_address(count).value))
+                          _CodeOwner(engine, blocks, ctypes.c_int64.from_address(count).value),
+                          unit)
 
     return new_module(NativeProgram(_PlannedSignatures(by_name), "jit", load, by_name))
 
