@@ -6,9 +6,14 @@ Each case is a loop of `chains` independent accumulators, each updated once per 
 the instruction (register operands, loop-invariant), compiled with llvmlite for the host
 CPU and run for a fixed number of trips; the clock comes from a chain of dependent
 one-cycle `add`s (inline assembly), so the figures are in cycles of the clock the core
-really ran at (a VM's /proc/cpuinfo MHz may not be it). One chain gives the latency,
+really ran at (a VM's /proc/cpuinfo MHz may not be it; turbo moves it by a few per cent
+between cases, so read the figures as +-5 %). One chain gives the latency,
 many the throughput; the mixes show whether the two instructions share the FMA ports.
 Flops count two per product (a `vdpbf16ps` lane does two products, an FMA lane one).
+Then tilegen's two 12 x 32 micro-kernels (gemm_bf16.dot_micro_kernel and
+micro_kernel.micro_kernel_function for f32) run alone on cache-resident panels, 256 steps
+a call, called from a loop in LLVM: their rate without packing, C's misses or the block
+loops.
 
     python scripts/bf16_peaks.py            # needs AVX512-BF16
 """
@@ -19,6 +24,12 @@ import ctypes
 import time
 
 import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+
+from tilegen.gemm_bf16 import dot_micro_kernel
+from tilegen.micro_kernel import micro_kernel_function
+from tilegen.target import host_target, new_target_machine
 
 TRIPS = 20_000_000
 CLOCK_ADDS = 9  # dependent adds per trip of the clock loop
@@ -130,6 +141,76 @@ def main() -> None:
     print(f"one core's peak at {hertz / 1e9:.2f} GHz: fp32 FMA "
           f"{peaks['fma zmm'] * hertz / 1e9:.0f} GF/s, vdpbf16ps "
           f"{peaks['vdpbf16ps zmm'] * hertz / 1e9:.0f} GF/s")
+    micro_kernel_rates(hertz)
+
+
+def _repeat(module: ir.Module, kernel: ir.Function, name: str, mr: int, nr: int) -> None:
+    """`void name(ptr a, ptr b, ptr c, i64 calls, i64 steps)`: `kernel` `calls` times on the
+    same panels, overwriting an mr x nr block of C (ldc 1024)."""
+    i64, ptr = ir.IntType(64), ir.PointerType()
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr, ptr, ptr, i64, i64]),
+                           name)
+    a, b, c, calls, steps = function.args
+    builder = ir.IRBuilder(function.append_basic_block("entry"))
+    entry, loop = builder.block, function.append_basic_block("loop")
+    done = function.append_basic_block("done")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    count = builder.phi(i64)
+    count.add_incoming(ir.Constant(i64, 0), entry)
+    builder.call(kernel, [a, b, steps, c, ir.Constant(i64, 1024), ir.Constant(i64, mr),
+                          ir.Constant(i64, nr), ir.Constant(ir.IntType(1), 1)])
+    following = builder.add(count, ir.Constant(i64, 1))
+    count.add_incoming(following, loop)
+    builder.cbranch(builder.icmp_signed("<", following, calls), loop, done)
+    builder.position_at_end(done)
+    builder.ret_void()
+
+
+def _aligned(nbytes: int, bits: int, dtype) -> np.ndarray:
+    """A 64-byte aligned array of nbytes filled with the bit pattern `bits` (1.0)."""
+    raw = np.zeros(nbytes + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    view = raw[start:start + nbytes].view(dtype)
+    view[:] = np.array(bits, dtype)
+    return view
+
+
+def micro_kernel_rates(hertz: float, mr: int = 12, nr: int = 32, steps: int = 256) -> None:
+    target = host_target()
+    module = ir.Module("micro_kernels")
+    module.triple = target.triple
+    dot = dot_micro_kernel(module, mr, nr, 2 * steps)
+    f32 = micro_kernel_function(module, "f32", mr, nr, steps, 16)
+    _repeat(module, dot, "repeat_dot", mr, nr)
+    _repeat(module, f32, "repeat_f32", mr, nr)
+    parsed = llvm.parse_assembly(str(module))
+    parsed.verify()
+    engine = llvm.create_mcjit_compiler(parsed, new_target_machine(target))
+    engine.finalize_object()
+    signature = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int64, ctypes.c_int64)
+    c = _aligned(mr * 1024 * 4, 0, np.float32)
+    panels = {  # A's rows and B's panel, 1.0 everywhere (bf16 0x3f80)
+        "repeat_dot": (_aligned(mr * 2 * steps * 2, 0x3F80, np.uint16),
+                       _aligned(steps * nr * 2 * 2, 0x3F80, np.uint16), 4 * 16),
+        "repeat_f32": (_aligned(mr * steps * 4, 1.0, np.float32),
+                       _aligned(steps * nr * 4, 1.0, np.float32), 2 * 16)}
+    calls = 20_000
+    print(f"micro-kernels {mr} x {nr} alone, {steps} steps a call:")
+    for name, (a, b, flops_per_instruction) in panels.items():
+        function = signature(engine.get_function_address(name))
+        best = float("inf")
+        for _ in range(5):
+            start = time.thread_time()
+            function(a.ctypes.data, b.ctypes.data, c.ctypes.data, calls, steps)
+            best = min(best, time.thread_time() - start)
+        cycles = best * hertz / (calls * steps)
+        instructions = mr * nr // 16
+        print(f"  {name[7:]}: {cycles:.1f} cycles a step, {instructions / cycles:.2f} "
+              f"{'vdpbf16ps' if name.endswith('dot') else 'FMA'}/cycle, "
+              f"{instructions * flops_per_instruction / cycles * hertz / 1e9:.0f} GF/s")
+
 
 if __name__ == "__main__":
     main()
