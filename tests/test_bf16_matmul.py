@@ -343,7 +343,13 @@ def test_odd_depth_padding_meets_infinities_as_zeros(k, dot, monkeypatch):
     m, n = 40, 50
     module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty((k, n))}) -> {_ty((m, n), 'F32')} "
                       "{ return matmul(a, b); }", monkeypatch, dot)
-    rng = np.random.default_rng(k)
+    _check_infinite_last_row(module, m, k, n, seed=k)
+
+
+def _check_infinite_last_row(module, m: int, k: int, n: int, seed: int) -> None:
+    """module.f(a, b) with B's last row +inf in every third column against A's last column
+    of ones: +inf there (a padding row multiplied in would give NaN), exact elsewhere."""
+    rng = np.random.default_rng(seed)
     a, b = _bf16(rng, (m, k)), _bf16(rng, (k, n))
     a[:, -1] = 1.0
     b[-1, ::3] = np.inf
@@ -366,3 +372,47 @@ def test_the_docs_bf16_sample_runs():
     x = rng.standard_normal((128, 384)).astype(np.float32)
     w = _bf16(rng, (384, 1536))
     _check(module.dense(x, w), x.astype(BF16), w)
+
+
+ZEN4 = NAMED_TARGETS["znver4"]
+
+
+def test_dot_kernel_depth_block_follows_l1():
+    # The vdpbf16ps kernel's B micro-panel (kc x nr bf16) takes at most 3/4 of L1: 256 deep
+    # on Zen 4's 32 KB, where 512 would fill all of it; 512 on a 48 KB L1.
+    from dataclasses import replace
+
+    for l1, kc in ((ZEN4.l1d_bytes, 256), (48 << 10, 512)):
+        options = _options("auto", replace(ZEN4, l1d_bytes=l1))
+        assert bf16_kernel(options) == "dot"
+        tiles = gemm_bf16.bf16_tiles(1024, 1024, 1024, options)
+        assert tiles.kc == kc and tiles.kc * tiles.nr * 2 <= l1 * 3 // 4
+        assert gemm_bf16.bf16_tiles(333, 77, 1000, options).kc == kc
+        assert gemm_bf16.bf16_tiles(40, 50, 37, options).kc == 37
+
+
+@pytest.mark.skipif(not ZEN4.runs_on_host, reason="this machine cannot run znver4 code")
+@pytest.mark.parametrize("m,k,n", [(45, 513, 77), (100, 301, 33), (13, 257, 40), (31, 256, 17)])
+def test_zen4_target_runs_the_dot_kernel_in_depth_blocks_of_256(m, k, n, monkeypatch):
+    # `--target znver4` (TILEGEN_TARGET) compiles the kernel Zen 4 runs by default, which
+    # runs here too: depth blocks of 256 (513 = 256 + 256 + 1, a lone row paired with a
+    # zero one; 301 = 256 + 45; 257 = 256 + 1), odd rows and columns, two threads. B's
+    # last row of infinities meets A's ones, never a padding row: +inf in those columns.
+    monkeypatch.setenv("TILEGEN_TARGET", "znver4")
+    module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty((k, n))}) -> {_ty((m, n), 'F32')} "
+                      "{ return matmul(a, b); }", monkeypatch, "auto")
+    (gemm,) = [s for s in program_of(module).plans["f"].kernel.body if isinstance(s, Gemm)]
+    assert _kernels(module) == ["dot"] and gemm.tiles.kc == 256
+    _check_infinite_last_row(module, m, k, n, seed=m + k + n)
+
+
+def test_zen4_assembly_has_vdpbf16ps_and_no_amx(tmp_path, monkeypatch, capsys):
+    from tilegen.compile import main
+
+    path = tmp_path / "mm.kina"
+    path.write_text(f"fn mm(a: {_ty((333, 1000))}, b: {_ty((1000, 777))}) -> "
+                    f"{_ty((333, 777), 'F32')} {{ return matmul(a, b); }}\n")
+    monkeypatch.delenv("TILEGEN_BF16_DOT", raising=False)
+    assert main([str(path), "--target", "znver4", "--emit", "asm"]) == 0
+    text = capsys.readouterr().out
+    assert "vdpbf16ps" in text and "tdpbf16ps" not in text

@@ -102,7 +102,8 @@ def test_the_schedule_follows_the_target():
 
 @pytest.mark.skipif(not HOST_X86, reason="x86-64 targets run only on an x86-64 host")
 @pytest.mark.parametrize("name", ["x86-64-v3", "host"] +
-                         (["skylake-avx512"] if HOST_HAS_AVX512 else []))
+                         (["skylake-avx512"] if HOST_HAS_AVX512 else []) +
+                         (["znver4"] if named_target("znver4").runs_on_host else []))
 def test_jit_code_for_each_runnable_target_is_right(name, monkeypatch):
     monkeypatch.delenv("TILEGEN_CACHE_DIR", raising=False)
     module = compile_source(SOURCE, f"target_{name}.kina", target=name)

@@ -11,8 +11,10 @@ runs the loop structure of tilegen/gemm.py (column, depth and row blocks, thread
 
 A block's odd depth is padded with a zero row of B and a zero column of A (pack_a already
 writes zeros up to its vector width). The micro-kernel broadcasts one 32-bit pair of A per
-row ({1to16} memory operand) against nr / 16 vectors of B pairs: mr x nr / 16 accumulators,
-12 x 2 for the default 12 x 32 block, as in the f32 kernel.
+row (a 32-bit broadcast) against nr / 16 vectors of B pairs: mr x nr / 16 accumulators,
+12 x 2 for the default 12 x 32 block, as in the f32 kernel, over depth blocks twice the
+f32 kernel's (dot_depth_block: the same bytes of L1). What bounds it is the instruction's
+issue rate (docs/architecture.md, "BF16 on vdpbf16ps").
 
 `vdpbf16ps` flushes bf16 subnormal inputs to zero and rounds its f32 sum to nearest-even;
 the products of normal bf16 values are exact in f32, so results differ from a widening f32
@@ -33,7 +35,7 @@ from llvmlite import ir
 from . import loopir as L
 from .codegen_values import Val
 from .config import Config
-from .gemm import _GemmEmitter, column_block, default_tiles
+from .gemm import _GemmEmitter, column_block, default_tiles, depth_block
 from .micro_kernel import I64, declare_intrinsic, element_pointer, micro_kernel_shell, splat
 from .schedule import flat_coefficient
 from .target import Target, amx_tile_permission
@@ -76,10 +78,12 @@ def dot_available(options: Config, features: str | None = None) -> bool:
     """Whether bf16 products use `vdpbf16ps` when they do not use AMX, for a target CPU with
     `features` (today the compile's target, options.target). Never without AVX512-BF16;
     with it, as TILEGEN_BF16_DOT says, and by default only on CPUs without AMX-BF16: the
-    Intel server cores that have AMX issue `vdpbf16ps` at half the FMA rate (measured on
-    this project's Xeon: 0.5 per cycle against 2 FMAs, so the dot kernel ran 1024^3 at
-    111 GF/s on one core, the f32 kernel at 165), while AMD Zen 4 and 5 issue it at the
-    FMA rate, twice the products."""
+    Intel server cores that have AMX issue a zmm `vdpbf16ps` at a quarter of the zmm FMA
+    rate, with twice the products (scripts/bf16_peaks.py on this project's Xeon: 0.47 per
+    cycle against 1.85-1.9, on the same ports; a ceiling of 111 GF/s per core at 3.7 GHz
+    against 220). That ceiling is below what the f32 kernel reaches (1024^3 on one thread:
+    the dot kernel 93-103 GF/s, the f32 kernel 132-141, ad hoc), while AMD Zen 4 and 5
+    issue it at the FMA rate."""
     if features is None:
         features = options.target.features
     enabled = set(features.split(","))
@@ -135,11 +139,22 @@ def gemm_dtype(options: Config) -> str:
 def bf16_tiles(m: int, n: int, k: int, options: Config, threads: int = 1) -> L.GemmTiles:
     """The blocks of a bf16 gemm on `threads` threads: AMX tiles (amx_tiles) when
     bf16_kernel picks AMX, else the f32 register and cache blocks with twice the depth per
-    block (16-bit panels of kc = 512 take the bytes f32 panels of 256 do)."""
+    block (dot_depth_block)."""
     if bf16_kernel(options) == "amx":
         return amx_tiles(m, n, k, options.target, threads)
     tiles = default_tiles(L.F32, m, n, k, options.target)
-    return replace(tiles, kc=min(512, k))
+    return replace(tiles, kc=min(dot_depth_block(options.target), k))
+
+
+def dot_depth_block(target: Target) -> int:
+    """kc of the vdpbf16ps kernel: twice the f32 kernel's (gemm.depth_block), so its
+    16-bit B micro-panel (kc x nr bf16) takes the bytes of the f32 one, at most 3/4 of L1:
+    512 for 48 KB (32 KB of B), 256 for Zen 4's 32 KB, where 512 would fill all of L1 with
+    B and leave A's rows and C nothing. On this project's Xeon (48 KB) kc = 256, 384 and 512
+    ran 1024^3 and 333 x 1000 x 777 within noise of each other (one thread, ad hoc): C's
+    extra loads and stores per depth block are cheap against a block's 256 vdpbf16ps
+    steps."""
+    return 2 * depth_block(target)
 
 
 def amx_tiles(m: int, n: int, k: int, target: Target, threads: int = 1) -> L.GemmTiles:

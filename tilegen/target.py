@@ -79,6 +79,10 @@ def _enabled(features: str) -> frozenset[str]:
 _X86_64_V3 = "+64bit,+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+sahf,+avx," \
     "+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+movbe,+xsave,+cmov,+cx8,+fxsr,+mmx"
 _SKYLAKE_AVX512 = _X86_64_V3 + ",+avx512f,+avx512vl,+avx512dq,+avx512bw,+avx512cd"
+# AMD Zen 4: AVX-512 with AVX512-BF16 (vdpbf16ps), no AMX: its bf16 products run
+# gemm_bf16's vdpbf16ps kernel.
+_ZNVER4 = _SKYLAKE_AVX512 + ",+avx512vnni,+avx512bf16,+avx512ifma,+avx512vbmi," \
+    "+avx512vbmi2,+avx512bitalg,+avx512vpopcntdq,+gfni,+vaes,+vpclmulqdq,+prfchw"
 
 # Targets by name besides "host". Cache sizes are those of the CPUs the names stand for
 # (x86-64-v3: Haswell's); they steer blocking, never correctness.
@@ -87,6 +91,8 @@ NAMED_TARGETS = {
                         _X86_64_V3 + ",-avx512f", 256, 16, 32 << 10, 256 << 10),
     "skylake-avx512": Target("skylake-avx512", "x86_64-unknown-linux-gnu", "skylake-avx512",
                              _SKYLAKE_AVX512, 512, 32, 32 << 10, 1 << 20),
+    "znver4": Target("znver4", "x86_64-unknown-linux-gnu", "znver4", _ZNVER4, 512, 32,
+                     32 << 10, 1 << 20),
     "aarch64-linux-gnu": Target("aarch64-linux-gnu", "aarch64-unknown-linux-gnu", "generic",
                                 "+neon,+fp-armv8", 128, 32, 64 << 10, 1 << 20),
 }
