@@ -42,7 +42,7 @@ def _compiled(encoder: SentenceEncoder, settings: dict[str, int]):
     try:
         for name, value in settings.items():
             setattr(gemm_small, name, value)
-        module = encoder._compile(encoder.consts(1, encoder.length_step))
+        module = encoder.compile(1, encoder.length_step)
         return module.minilm_encode
     finally:
         for name, value in saved.items():

@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
                         "batches of many tokens on AMX, else f32), f32, bf16 (BF16 "
                         "weights and inputs), bf16x3 (three bf16 partial products, close "
                         "to f32; docs/models.md)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="say on stderr which program each padded batch shape ran on, "
+                        "and why")
     args = parser.parse_args(argv)
 
     from .checkpoint import ModelFileError
@@ -44,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     embeddings = encoder.encode(args.sentences)
+    if args.verbose:
+        print(f"weights: {encoder.weight_choice()}", file=sys.stderr)
+        for batch, length in encoder.compiled_shapes:
+            print(f"  batch shape ({batch}, {length}): "
+                  f"{encoder.program_weights(batch, length)}", file=sys.stderr)
     print(similarity_table(args.sentences, embeddings @ embeddings.T))
     return 0
 

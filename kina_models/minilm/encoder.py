@@ -30,9 +30,12 @@ DEFAULT_LENGTH_STEP = 16
 WEIGHT_TYPES = ("auto", "f32", "bf16", "bf16x3")
 # `weights="auto"` runs a padded batch of at least this many tokens (B x T) on the bf16x3
 # program where the products run on AMX tiles, and smaller ones on the F32 program: a short
-# batch streams the weights, and bf16x3's stacks are 1.5x their bytes (docs/models.md,
-# "Which weights a batch runs on", for the measured crossover).
-AUTO_BF16X3_TOKENS = 256
+# batch streams the weights, and bf16x3's stacks are 1.5x their bytes. Measured (session
+# 25, quiet machine, two threads, F32 against bf16x3 per call): 2.38 against 3.59 ms at 16
+# tokens, about even at 64, 12.8 against 10.6 ms at 128, 24.0 against 16.8 at 256: twice
+# the crossover, where bf16x3 is clearly ahead (docs/models.md, "Which weights a batch runs
+# on").
+AUTO_BF16X3_TOKENS = 128
 
 
 class SentenceEncoder:
@@ -82,7 +85,8 @@ class SentenceEncoder:
                                  f"{PROGRAM} returns L2-normalised embeddings")
         self.tokenizer = load_tokenizer(folder / "tokenizer.json", self.config.max_seq_length)
         loaded = load_weights(folder, self.config)
-        self.auto_bf16x3 = weights == "auto" and _bf16_products_on_amx()
+        on_amx, self._amx_reason = bf16_products_on_amx()
+        self.auto_bf16x3 = weights == "auto" and on_amx
         # The weights of each program this encoder runs, each in one huge-page arena: a
         # short sentence streams every weight from memory per call (kina_models/arena.py,
         # docs/models.md "Where the time goes"). "auto" adds the bf16x3 stacks when a
@@ -110,6 +114,16 @@ class SentenceEncoder:
         if self.weight_type != "auto":
             return self.weight_type
         return "bf16x3" if self.auto_bf16x3 and batch * length >= AUTO_BF16X3_TOKENS else "f32"
+
+    def weight_choice(self) -> str:
+        """Which program the encoder's batches run on, and why (for "auto": whether
+        tilegen's BF16 products run on AMX tiles here, and if not what keeps them off)."""
+        if self.weight_type != "auto":
+            return f"{self.weight_type} for every batch (weights={self.weight_type!r})"
+        if self.auto_bf16x3:
+            return (f"bf16x3 for padded batches of at least {AUTO_BF16X3_TOKENS} tokens, "
+                    f"f32 below: tilegen's BF16 products run on AMX tiles here")
+        return f"f32 for every batch: BF16 products do not run on AMX tiles ({self._amx_reason})"
 
     @property
     def compiled_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -139,14 +153,19 @@ class SentenceEncoder:
                 if weight_type not in self._weights_of:
                     self._weights_of[weight_type] = huge_page_arena(
                         self._narrow_matmul_weights(self._weights_of["f32"], weight_type))
-                module = self._compile(self.consts(batch, length), weight_type)
+                module = self.compile(batch, length)
                 entry = (getattr(module, ENTRY), self._weights_of[weight_type])
                 self._compiled[key] = entry
         return entry
 
-    def _compile(self, consts: dict[str, int], weight_type: str):
+    def compile(self, batch: int, length: int):
+        """The compiled module of the program a padded batch of shape (batch, length) runs
+        (`program_weights`), as `function` compiles it on the shape's first use and keeps
+        it; this keeps nothing (tilegen's own caches still apply). B8's compile row times
+        it."""
         import tilegen
 
+        consts, weight_type = self.consts(batch, length), self.program_weights(batch, length)
         if weight_type == "f32":
             return tilegen.compile_file(PROGRAM, jit=self.jit, consts=consts,
                                         functions=(ENTRY,))
@@ -208,12 +227,15 @@ class SentenceEncoder:
         return embeddings[0] if single else embeddings
 
 
-def _bf16_products_on_amx() -> bool:
-    """Whether tilegen compiles BF16 products here to the AMX kernel: TILEGEN_BF16_DOT
-    allows it, the CPU has AMX-BF16 and Linux grants tile data (gemm_bf16.bf16_kernel's
-    first choice)."""
+def bf16_products_on_amx() -> tuple[bool, str]:
+    """Whether tilegen compiles BF16 products here to the AMX kernel (TILEGEN_BF16_DOT
+    allows it, the target has AMX-BF16 and Linux grants tile data: gemm_bf16.bf16_kernel's
+    first choice), and if not why not."""
     from tilegen import config
     from tilegen.gemm_bf16 import amx_usable
 
     options = config.load()
-    return options.bf16_kernel in ("auto", "amx") and amx_usable(options.target)[0]
+    if options.bf16_kernel not in ("auto", "amx"):
+        return False, (f"TILEGEN_BF16_DOT={os.environ.get('TILEGEN_BF16_DOT', '')} picks "
+                       f"the {options.bf16_kernel} kernel")
+    return amx_usable(options.target)
