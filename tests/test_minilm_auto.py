@@ -142,3 +142,12 @@ def test_a_mix_of_batch_shapes_compiles_each_shape_once(texts, reference):
                 rows = list(batch.rows)
                 np.testing.assert_array_equal(got[rows], single.encode(
                     [texts[row] for row in rows], batch_size=4))
+
+
+def test_the_cli_says_which_program_each_shape_ran_on(capsys):
+    from kina_models.minilm.__main__ import main
+
+    assert main(["-v", "a dog", "a cat sat on the mat"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith("weights: ")
+    assert "batch shape (2, 16): f32" in err  # 32 tokens: below AUTO_BF16X3_TOKENS
