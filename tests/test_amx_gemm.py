@@ -394,3 +394,22 @@ def test_only_the_kernels_a_product_runs_are_emitted(m, k, n, expected, monkeypa
     a = rng.standard_normal((m, k)).astype(BF16)
     b = rng.standard_normal((k, n)).astype(BF16)
     _check(module.f(a, b), a, b)
+
+
+def test_products_of_a_module_share_their_kernels(monkeypatch):
+    # Two odd-shaped products in one function: each kernel once, the union of what the
+    # two run (the first's A read in place, 64 rows in whole blocks, a 16-column last
+    # panel; the second's A packed, 45 rows), each product against the exact one.
+    source = (f"fn f(a: {_ty((64, 230))}, b: {_ty((230, 80))}, c: {_ty((45, 256))}, "
+              f"d: {_ty((256, 96))}) -> ({_ty((64, 80), 'F32')}, {_ty((45, 96), 'F32')}) "
+              "{ return (matmul(a, b), matmul(c, d)); }")
+    module = _compile(source, monkeypatch, threads=1)
+    kernels = [name.removeprefix("tilegen.gemm.amx.") for name in _llvm_functions(module)
+               if name.startswith("tilegen.gemm.amx.")]
+    assert sorted(kernels) == sorted({"32x32.in_place", "32x16.of32.in_place", "32x32"})
+    rng = np.random.default_rng(7)
+    a, b, c, d = (rng.standard_normal(shape).astype(BF16)
+                  for shape in ((64, 230), (230, 80), (45, 256), (256, 96)))
+    first, second = module.f(a, b, c, d)
+    _check(first, a, b)
+    _check(second, c, d)
