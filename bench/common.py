@@ -29,6 +29,7 @@ TILEGEN_1T = "tilegen-1t"  # compiled with TILEGEN_NUM_THREADS=1, against the -1
 TILEGEN_ATTRIBUTE = "tilegen-attribute"  # called as `module.fn(...)`, not through a bound name
 TILEGEN_BF16 = "tilegen-bf16"  # B9: BF16 operands (or weights), tilegen's default kernel choice
 TILEGEN_BF16X3 = "tilegen-bf16x3"  # B8: F32 products as three bf16 products
+TILEGEN_F32 = "tilegen-f32"  # B8: the F32 program for every batch (`tilegen` picks per shape)
 TILEGEN_BF16_DOT = "tilegen-bf16-dot"  # B9: the vdpbf16ps kernel forced (TILEGEN_BF16_DOT=1)
 NUMPY = "numpy"
 NUMPY_1T = "numpy-1t"
@@ -50,7 +51,7 @@ TORCH_COMPILE_COLD = "torch.compile-cold"
 JAX_COLD = "jax-cold"
 NUMBA_COLD = "numba-cold"
 PROVIDERS = (TILEGEN, TILEGEN_1T, TILEGEN_ATTRIBUTE, TILEGEN_BF16, TILEGEN_BF16_DOT,
-             TILEGEN_BF16X3, NUMPY,
+             TILEGEN_BF16X3, TILEGEN_F32, NUMPY,
              NUMPY_1T, TORCH, TORCH_1T, TORCH_BF16, TORCH_SDPA,
              TORCH_COMPILE, JAX, JAX_FORI, NUMBA, SENTENCE_TRANSFORMERS, ONNXRUNTIME,
              TILEGEN_COLD, TILEGEN_SAME_PROCESS, TORCH_COMPILE_COLD, JAX_COLD, NUMBA_COLD)

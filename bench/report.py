@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Row order within a group (bench.common.PROVIDERS, repeated here so this script stands alone).
 PROVIDER_ORDER = ("tilegen", "tilegen-1t", "tilegen-attribute", "tilegen-bf16",
-                  "tilegen-bf16-dot", "tilegen-bf16x3", "numpy", "numpy-1t", "torch",
+                  "tilegen-bf16-dot", "tilegen-bf16x3", "tilegen-f32", "numpy", "numpy-1t", "torch",
                   "torch-1t", "torch-bf16",
                   "torch-sdpa", "torch.compile", "jax", "jax-fori", "numba",
                   "sentence-transformers", "onnxruntime", "tilegen-cold",

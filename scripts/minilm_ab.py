@@ -42,7 +42,7 @@ def _compiled(encoder: SentenceEncoder, settings: dict[str, int]):
     try:
         for name, value in settings.items():
             setattr(gemm_small, name, value)
-        module = encoder._compile(encoder.consts(1, encoder.length_step))
+        module = encoder.compile(1, encoder.length_step)
         return module.minilm_encode
     finally:
         for name, value in saved.items():
@@ -60,7 +60,7 @@ def main() -> None:
     clock = time.thread_time if one else time.perf_counter
     encoder = SentenceEncoder()
     (batch,) = encoder.batches([args.sentence], 1)
-    inputs = (batch.ids, batch.type_ids, batch.mask, *encoder.weights)
+    inputs = (batch.ids, batch.type_ids, batch.mask, *encoder.weights_for(*batch.ids.shape))
     functions = [_compiled(encoder, _settings(spec)) for spec in args.variants]
     first = functions[0](*inputs)
     differences = [float(np.abs(f(*inputs) - first).max()) for f in functions]

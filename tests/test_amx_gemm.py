@@ -270,9 +270,9 @@ def test_ragged_column_edges(m, k, n, threads, transposed_b, monkeypatch):
     module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty(b_shape)}) -> {_ty((m, n), 'F32')} "
                       f"{{ return matmul(a, {b_operand}); }}", monkeypatch, threads)
     gemm = _gemm_of(module)
-    narrow = 0 < n % 32 <= 16 or splits_columns(m, n, gemm.tiles, threads)
     kernels = [name for name in _llvm_functions(module) if name.startswith("tilegen.gemm.amx.")]
-    assert any(name.endswith("x16.of32") for name in kernels) == narrow, kernels
+    assert any("x16.of32" in name for name in kernels) == _narrow_panel(m, n, gemm, threads), \
+        kernels
     rng = np.random.default_rng(m * n + k)
     a = rng.standard_normal((m, k)).astype(BF16)
     b = rng.standard_normal(b_shape).astype(BF16)
@@ -283,6 +283,18 @@ def test_ragged_column_edges(m, k, n, threads, transposed_b, monkeypatch):
         assert np.array_equal(got, _compile(
             f"fn f(a: {_ty((m, k))}, b: {_ty(b_shape)}) -> {_ty((m, n), 'F32')} "
             f"{{ return matmul(a, {b_operand}); }}", monkeypatch, 1).f(a, b))
+
+
+def _narrow_panel(m, n, gemm, threads):
+    """Whether some thread's last panel has 1..16 columns: C's last (N % 32), or the last
+    of a share of a column split in tiles of 16, thread t of c taking tiles
+    [t u / c, (t + 1) u / c) for any c the runtime may give (1 to `threads`)."""
+    if not splits_columns(m, n, gemm.tiles, threads):
+        return 0 < n % 32 <= 16
+    units = -(-n // 16)
+    widths = {min((t + 1) * units // c * 16, n) - t * units // c * 16
+              for c in range(1, threads + 1) for t in range(c)}
+    return any(0 < width % 32 <= 16 for width in widths)
 
 
 @pytest.mark.parametrize("m,k,n,units", [(333, 1000, 777, 49), (20, 500, 112, 7),
@@ -310,7 +322,7 @@ def test_batched_ragged_column_edges(monkeypatch):
     y = rng.standard_normal((2, 3, 45, 80)).astype(BF16)
     for threads in (1, 2):
         module = _compile(source, monkeypatch, threads)
-        assert "tilegen.gemm.amx.32x16.of32" in _llvm_functions(module)
+        assert any("x16.of32" in name for name in _llvm_functions(module))
         _check(module.f(x, y), x, y)
 
 
@@ -355,3 +367,49 @@ def test_batched_products_with_b_packed_a_panel_at_a_time(monkeypatch):
     x = rng.standard_normal((2, 300, 520)).astype(BF16)
     y = rng.standard_normal((2, 520, 70)).astype(BF16)
     _check(module.f(x, y), x, y)
+
+
+# Only the kernels a product can run are in its module (each cost LLVM 20-40 ms): for an A
+# read in place (k = 230: 460-byte rows), the packed kernel of its ragged last block only
+# when M is no multiple of 32, on one row of tiles for 1..16 ragged rows (45 = 32 + 13) and
+# on two for 17..31 (57 = 32 + 25, 23); an A packed throughout (k = 256: 512-byte rows alias
+# in L1) on its one kernel; the 16-column kernels only for a narrow last panel (80, 400 =
+# 12 x 32 + 16). Products of at most 16 rows on one row of tiles. One thread (no column
+# split: test_ragged_column_edges has those); each against the exact product.
+@pytest.mark.parametrize("m,k,n,expected", [
+    (64, 230, 96, {"32x32.in_place"}),
+    (45, 230, 96, {"32x32.in_place", "16x32"}),
+    (57, 230, 96, {"32x32.in_place", "32x32"}),
+    (23, 230, 90, {"32x32.in_place", "32x32"}),
+    (13, 230, 80, {"16x32.in_place", "16x16.of32.in_place", "16x32", "16x16.of32"}),
+    (57, 256, 96, {"32x32"}),
+    (57, 256, 400, {"32x32", "32x16.of32"}),
+])
+def test_only_the_kernels_a_product_runs_are_emitted(m, k, n, expected, monkeypatch):
+    module = _compile(_matmul(m, k, n), monkeypatch, threads=1)
+    kernels = {name.removeprefix("tilegen.gemm.amx.") for name in _llvm_functions(module)
+               if name.startswith("tilegen.gemm.amx.")}
+    assert kernels == expected
+    rng = np.random.default_rng(m * k + n)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    _check(module.f(a, b), a, b)
+
+
+def test_products_of_a_module_share_their_kernels(monkeypatch):
+    # Two odd-shaped products in one function: each kernel once, the union of what the
+    # two run (the first's A read in place, 64 rows in whole blocks, a 16-column last
+    # panel; the second's A packed, 45 rows), each product against the exact one.
+    source = (f"fn f(a: {_ty((64, 230))}, b: {_ty((230, 80))}, c: {_ty((45, 256))}, "
+              f"d: {_ty((256, 96))}) -> ({_ty((64, 80), 'F32')}, {_ty((45, 96), 'F32')}) "
+              "{ return (matmul(a, b), matmul(c, d)); }")
+    module = _compile(source, monkeypatch, threads=1)
+    kernels = [name.removeprefix("tilegen.gemm.amx.") for name in _llvm_functions(module)
+               if name.startswith("tilegen.gemm.amx.")]
+    assert sorted(kernels) == sorted({"32x32.in_place", "32x16.of32.in_place", "32x32"})
+    rng = np.random.default_rng(7)
+    a, b, c, d = (rng.standard_normal(shape).astype(BF16)
+                  for shape in ((64, 230), (230, 80), (45, 256), (256, 96)))
+    first, second = module.f(a, b, c, d)
+    _check(first, a, b)
+    _check(second, c, d)

@@ -126,7 +126,7 @@ def emit_gemm(cg, gemm: L.Gemm) -> None:
     extents = gemm.batch_extents
     batches = math.prod(extents)
     row_units = -(-gemm.m // gemm.tiles.mr)
-    if gemm.threads > 1 and batches > 1 and batches * row_units >= 2:
+    if batches_in_parallel(gemm):
         _run_batches_in_parallel(cg, gemm, batches, row_units)
         return
 
@@ -141,6 +141,27 @@ def emit_gemm(cg, gemm: L.Gemm) -> None:
         cg.loop(0, extents[position], 1, [], body)
 
     run_batch(0, [])
+
+
+def batches_in_parallel(gemm: L.Gemm) -> bool:
+    """Whether emit_gemm's threads split the (batch entry, block of mr rows) pairs (each
+    entry's columns whole) rather than each entry's rows or columns."""
+    batches = math.prod(gemm.batch_extents)
+    return gemm.threads > 1 and batches > 1 and batches * -(-gemm.m // gemm.tiles.mr) >= 2
+
+
+def column_share_widths(gemm: L.Gemm, unit: int) -> set[int]:
+    """The widths of the column ranges one `rows` call of `gemm` covers: all N, or where
+    its threads split the columns (in units of `unit`, the emitter's column_unit) each
+    share for every thread count the region can run on (1 to gemm.threads: the runtime
+    caps it, and OpenMP may give fewer), thread t of c taking units [t u / c,
+    (t + 1) u / c) of u (parallel.OutlinedCodegen.run_chunk)."""
+    if batches_in_parallel(gemm) or not splits_columns(gemm.m, gemm.n, gemm.tiles,
+                                                       gemm.threads):
+        return {gemm.n}
+    units = -(-gemm.n // unit)
+    return {min((t + 1) * units // count * unit, gemm.n) - t * units // count * unit
+            for count in range(1, gemm.threads + 1) for t in range(count)}
 
 
 def _run_batches_in_parallel(cg, gemm: L.Gemm, batches: int, row_units: int) -> None:

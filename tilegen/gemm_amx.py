@@ -61,7 +61,7 @@ from llvmlite import ir
 
 from . import loopir as L
 from .amx_kernel import AHEAD_ROWS, TILE_BYTES, TILE_COLUMNS, amx_micro_kernel
-from .gemm import PACKED_EMITTERS, splits_columns
+from .gemm import PACKED_EMITTERS, column_share_widths
 from .gemm_bf16 import (
     AMX_DEPTH,
     AMX_TILE_ROWS,
@@ -114,9 +114,7 @@ class AmxEmitter(Bf16DotEmitter):
         # panel; that panel, and C's last one where N % 32 <= 16, run on the kernel of one
         # column of tiles, which does half the products of the panel's.
         self.column_unit = TILE_COLUMNS
-        g, nr = gemm, gemm.tiles.nr
-        self.narrow_panels = 0 < g.n % nr <= TILE_COLUMNS or \
-            splits_columns(g.m, g.n, gemm.tiles, g.threads)
+        self.narrow_panels = has_narrow_panels(gemm)
         self.panel_at_a_time = packs_b_panel_at_a_time(gemm)
         self.b_block = None  # pack_b's (jc, nc, pc) when panel_at_a_time
         stride = bf16_row_stride(gemm, cg.buffers, gemm.b_elem, gemm.j, gemm.k)
@@ -205,12 +203,19 @@ class AmxEmitter(Bf16DotEmitter):
         b = self.b
         direct = self.direct_rows(ic, mc)
         self.direct = (self.a_pointer(ic, pc), direct)
-        with b.if_then(b.icmp_signed("<", direct, mc)):
-            self.pack_a_slabs(packed, b.add(ic, direct), b.sub(mc, direct), pc, kc)
-        whole = b.and_(kc, self.const(-AMX_DEPTH))
-        with b.if_then(b.icmp_signed("<", whole, kc)):
-            self.pack_a_slabs(self.tail_slab(packed), ic, direct, b.add(pc, whole),
-                              b.sub(kc, whole))
+        if ragged_rows(self.g):
+            with b.if_then(b.icmp_signed("<", direct, mc)):
+                self.pack_a_slabs(packed, b.add(ic, direct), b.sub(mc, direct), pc, kc)
+        if self.depth_tails():
+            whole = b.and_(kc, self.const(-AMX_DEPTH))
+            with b.if_then(b.icmp_signed("<", whole, kc)):
+                self.pack_a_slabs(self.tail_slab(packed), ic, direct, b.add(pc, whole),
+                                  b.sub(kc, whole))
+
+    def depth_tails(self) -> bool:
+        """Whether a depth block can end past a multiple of 32 (K or the depth block not
+        whole tiles deep)."""
+        return self.g.k_extent % AMX_DEPTH != 0 or self.tiles.kc % AMX_DEPTH != 0
 
     def direct_rows(self, ic, mc):
         """The rows of the A block [ic, ic + mc) read in place: whole register blocks, the
@@ -313,14 +318,11 @@ class AmxEmitter(Bf16DotEmitter):
                             *layout, tail, *ahead, self.kept_slots(packed_a)])
 
         def ragged(columns, a, b_panel, row0, col0):
-            """The packed ragged last block: on one row of tiles when it has at most 16
-            rows (333 = 10 x 32 + 13), half the products of a 32-row block."""
-            if mr == AMX_TILE_ROWS:
-                call(self.kernel(mr, columns), a, b_panel, row0, col0, self.const(1), slabs, a)
-                return
-            short = b.icmp_signed("<=", b.sub(row_hi, row0), self.const(AMX_TILE_ROWS))
-            self.choose(short, (AMX_TILE_ROWS, mr), lambda rows: call(
-                self.kernel(rows, columns), a, b_panel, row0, col0, self.const(1), slabs, a))
+            """The packed ragged last block (ragged_rows of M): on one row of tiles when
+            it has at most 16 rows (333 = 10 x 32 + 13), half the products of a 32-row
+            block."""
+            rows = AMX_TILE_ROWS if ragged_rows(g) <= AMX_TILE_ROWS else mr
+            call(self.kernel(rows, columns), a, b_panel, row0, col0, self.const(1), slabs, a)
 
         def columns_of(columns, col0, b_panel, ahead):
             if self.a_row_stride is None:
@@ -334,8 +336,9 @@ class AmxEmitter(Bf16DotEmitter):
                         b.ashr(kc, self.const(5)))
             call(kernel, a, b_panel, ic, col0, b.sdiv(direct, self.const(mr)), in_place,
                  self.tail_slab(packed_a), ahead)
-            with b.if_then(b.icmp_signed("<", direct, mc)):
-                ragged(columns, packed_a, b_panel, b.add(ic, direct), col0)
+            if ragged_rows(g):
+                with b.if_then(b.icmp_signed("<", direct, mc)):
+                    ragged(columns, packed_a, b_panel, b.add(ic, direct), col0)
 
         def panel(jr, carried):
             col0 = b.add(jc, jr)
@@ -382,6 +385,24 @@ class AmxEmitter(Bf16DotEmitter):
 
     def micro_steps(self, kc):
         return self.b.ashr(self.panel_depth(kc), self.const(5))  # steps of AMX_DEPTH
+
+
+def has_narrow_panels(gemm: L.Gemm) -> bool:
+    """Whether a B panel of the product can have at most 16 columns (and run on the
+    kernels of one column of tiles): the last of a thread's column range (all N, or its
+    share of a column split) when the range's width is 1..16 past a multiple of 32. The
+    kernels of a flavour the product never runs are not emitted: each cost LLVM 20-40 ms
+    to optimise and compile."""
+    nr = gemm.tiles.nr
+    return any(0 < width % nr <= TILE_COLUMNS
+               for width in column_share_widths(gemm, TILE_COLUMNS))
+
+
+def ragged_rows(gemm: L.Gemm) -> int:
+    """The rows of the matrix's ragged last register block (M mod mr; 0 when every block
+    is whole), the only block a row block of A read in place packs (direct_rows: row blocks
+    start at multiples of mr and end at one or at M)."""
+    return gemm.m % gemm.tiles.mr
 
 
 def packs_b_panel_at_a_time(gemm: L.Gemm) -> bool:

