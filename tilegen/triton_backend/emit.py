@@ -12,9 +12,9 @@ the kept axis, or along a row and then across the lanes.
 
 ABI: `void @<name>.program(ptr args, i32 pid_x, pid_y, pid_z, i32 num_x, num_y, num_z,
 ptr frame, ptr status)` reads each kernel argument from its 8-byte slot of `args`
-(pointers and integers as i64, floats as f64); `void @<name>.launch(ptr args, i64 nx, ny,
-nz, ptr scratch, i64 frame_bytes, i32 threads, ptr status)` runs the grid, over `threads`
-threads through libgomp.
+(pointers and integers as i64, floats as f64); `void @<name>.launch(ptr params)` runs the
+grid, over `threads` threads through libgomp: params is i64 nx, ny, nz, scratch, frame_bytes,
+threads, status, run (grid.LAUNCH_FIELDS), then the argument slots.
 """
 
 from __future__ import annotations
