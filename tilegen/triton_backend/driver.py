@@ -111,14 +111,22 @@ class TilegenLauncher:
         self.program_period = int(getattr(metadata, "tilegen_program_period", 0))
         self.debug = bool(getattr(metadata, "debug", False))
         self.local = threading.local()
+        # Pairs of tensor parameters whose storages must not overlap for the kernel's
+        # packed-panel caches to be used (panel_cache.py): the launcher checks them and
+        # passes the answer in one word after the argument slots.
+        self.disjoint = [tuple(pair) for pair in getattr(metadata, "tilegen_disjoint_params",
+                                                         [])]
+        descriptors = any(kind and kind.startswith("tensordesc") for kind in self.kinds)
+        # the Python argument of each slot (not known with descriptors: several slots each)
+        self.slot_args = None if descriptors else [
+            position for position, kind in enumerate(self.kinds) if kind is not None]
         # The common launch (no tensor descriptors, no bounds checks) packs its slots with
         # one precompiled struct: pointers and integers as u64, floats as f64.
-        plain = not self.debug and not any(kind and kind.startswith("tensordesc")
-                                           for kind in self.kinds)
+        plain = not self.debug and not descriptors
         self.converters = [kind and _convert(kind) for kind in self.kinds] if plain else None
         self.packer = struct.Struct(f"<{LAUNCH_FIELDS}q" + "".join(
-            "d" if _is_float(kind) else "Q" for kind in self.kinds if kind is not None)) \
-            if plain else None
+            "d" if _is_float(kind) else "Q" for kind in self.kinds if kind is not None) +
+            ("Q" if self.disjoint else "")) if plain else None
 
     def _scratch(self, threads: int):
         size = self.frame_bytes * threads + 64
@@ -155,6 +163,24 @@ class TilegenLauncher:
                 tensors.append((name, value))
         return slots, bounds, tensors
 
+    def _apart(self, args) -> int:
+        """1 when the storages of every pair of `self.disjoint` are apart, else 0 (also
+        when an argument is not a tensor, or its slot is not known)."""
+        if self.slot_args is None:
+            return 0
+        for pair in self.disjoint:
+            ranges = []
+            for param in pair:
+                storage = getattr(args[self.slot_args[param]], "untyped_storage", None)
+                if storage is None:
+                    return 0
+                storage = storage()
+                ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+            (start, end), (other_start, other_end) = ranges
+            if start < other_end and other_start < end:
+                return 0
+        return 1
+
     def __call__(self, gridX, gridY, gridZ, stream, function, packed_metadata,
                  launch_metadata, enter_hook, exit_hook, *args):
         total = gridX * gridY * gridZ
@@ -166,14 +192,16 @@ class TilegenLauncher:
                   ctypes.addressof(status),
                   run_length(self.program_period, gridX, total, threads))
         tensors = ()
+        trailing = (self._apart(args),) if self.disjoint else ()
         if self.packer is not None:
             params = self.packer.pack(*fields, *[convert(value) for convert, value in
                                                  zip(self.converters, args, strict=False)
-                                                 if convert is not None])
+                                                 if convert is not None], *trailing)
         else:
             slots, bounds, tensors = self._slots(args)
             if self.debug:
                 _set_bounds(status, bounds)
+            slots.extend(trailing)
             params = struct.pack(f"<{LAUNCH_FIELDS}q{len(slots)}Q", *fields, *slots)
         if enter_hook is not None:
             enter_hook(launch_metadata)
