@@ -140,7 +140,9 @@ class TilegenLauncher:
         status = getattr(self.local, "status", None)
         if status is None:
             status = self.local.status = (ctypes.c_int64 * 4)()
-        ctypes.memset(status, 0, ctypes.sizeof(status))
+        # only a failure writes status[1] and [2], together with [0]; [3] is the bounds
+        # table, set for each debug launch (ctypes.memset, a foreign call, cost ~1.9 us)
+        status[0] = 0
         return status
 
     def _slots(self, args) -> tuple[list, list, list]:
