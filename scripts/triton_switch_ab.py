@@ -14,10 +14,12 @@ siblings (sibling_reductions.py), prefetch (prefetch.py), prefetch-stores (its s
 branch-stores (branch_stores.py), inline (the program called by the grid's worker, not
 inlined into it: emit.INLINE_PROGRAM; "off" is the program inlined), noalias (the frame
 parameter noalias, emit.FRAME_NOALIAS), load-fills (loads filled by a reduction's sweep,
-shared_fills.SharedFills.defer_load), all. Prints, per
+shared_fills.SharedFills.defer_load), nested-panels (packed b kept across the K loops of
+a persistent kernel, panel_cache.py; off: top-level loops only), all. Prints, per
 kernel, the minimum with the switch off and on and their ratio (> 1: the switch helps), and
 the ratio of the medians. Cases: the layer norm, softmax and vector add kernels, attention
-(T = 1024, D = 64, 4 heads) and the tutorial matmul 1024^3 (128 x 128 x 32); CASES=a,b picks.
+(T = 1024, D = 64, 4 heads), the tutorial matmul 1024^3 (128 x 128 x 32) and tutorial 09's
+persistent matmul 1024^3 fp16 (128 x 128 x 64, one program); CASES=a,b picks.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import tilegen.triton_backend
 from tilegen.triton_backend import (
     branch_stores,
     emit,
+    panel_cache,
     partials,
     prefetch,
     shared_fills,
@@ -55,11 +58,20 @@ from tests.test_triton_tutorials_2 import (  # noqa: E402
     _attn_fwd,
     _layer_norm_bwd_dwdb,
     _layer_norm_bwd_dx_fused,
+    matmul_kernel_persistent,
 )
 
 _ORIGINAL = (shared_fills.SharedFills.defer, partials.plan, tiles.REDUCTION_CHAINS,
              sibling_reductions.SiblingReductions.joined, prefetch.DISTANCE,
-             branch_stores.plan, shared_fills.SharedFills.defer_load)
+             branch_stores.plan, shared_fills.SharedFills.defer_load,
+             panel_cache.static_conditions)
+
+
+def _top_level_panels(e, loop, dot, advancing):
+    """panel_cache.static_conditions as before nested K loops were allowed."""
+    if not any(op is loop for op in e.program.body.ops):
+        return None
+    return _ORIGINAL[7](e, loop, dot, advancing)
 
 
 def _set(switch: str, on: bool) -> None:
@@ -79,6 +91,8 @@ def _set(switch: str, on: bool) -> None:
     emit.FRAME_NOALIAS = not (off and switch in ("noalias", "all"))
     shared_fills.SharedFills.defer_load = (lambda *args: False) if off and switch in (
         "load-fills", "all") else _ORIGINAL[6]
+    panel_cache.static_conditions = _top_level_panels if off and switch in (
+        "nested-panels", "all") else _ORIGINAL[7]
 
 
 def _cases():
@@ -97,6 +111,8 @@ def _cases():
     q, k, v = (torch.randn(1, 4, 1024, 64) * 0.5 for _ in range(3))
     attention_out, attention_m = torch.empty_like(q), torch.empty(1, 4, 1024)
     ma, mb, mc = torch.randn(1024, 1024), torch.randn(1024, 1024), torch.empty(1024, 1024)
+    ha, hb = ma.half(), mb.half()
+    hc = torch.empty(1024, 1024, dtype=torch.float16)
 
     def attention(kernel):
         kernel[(1024 // 128, 4, 1)](q, k, v, 0.125, attention_m, attention_out, *q.stride(),
@@ -127,6 +143,9 @@ def _cases():
             BLOCK_SIZE_N=128)),
         "attention": (_attn_fwd, attention),
         "matmul": (matmul_kernel.fn, matmul),
+        "persistent-matmul": (matmul_kernel_persistent, lambda k: k[(1,)](
+            ha, hb, hc, 1024, 1024, 1024, *ha.stride(), *hb.stride(), *hc.stride(),
+            BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, NUM_SMS=1)),
         "vector-add": (add_kernel, lambda k: k[((1 << 24) // 1024,)](
             a, c, out, 1 << 24, BLOCK_SIZE=1024)),
     }

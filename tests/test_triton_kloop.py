@@ -349,15 +349,16 @@ def _shared_panel_expected(a, b, block_m, block_k, lower_from_pid, mask_from_pid
 
 @pytest.mark.parametrize("lower_from_pid,mask_from_pid,atomic,capacity,half,cached", [
     (False, False, False, None, False, True), (True, False, False, None, False, True),
-    (False, True, False, None, False, False), (False, False, True, None, False, False),
+    (False, True, False, None, False, True), (False, False, True, None, False, False),
     (False, False, False, 1, False, True),  # (its own block_m: another specialisation)
     (False, False, False, None, True, True)])  # f16 b: packed from its tile, not its load
 def test_packed_b_panels_kept_across_programs(monkeypatch, lower_from_pid, mask_from_pid,
                                               atomic, capacity, half, cached):
     """Programs that read the same b share its packed panels only when they would load
-    the same values: the loop's bounds are part of the key, a mask or an atomic that makes
-    programs differ turns the reuse off, a loop longer than the panels hold reloads, and
-    a second launch after b changed in place reads the new b."""
+    the same values: the loop's bounds are part of the key, and so is a value from before
+    the loop that b's mask reads (`limit`, which differs between programs); an atomic turns
+    the reuse off, a loop longer than the panels hold reloads, and a second launch after b
+    changed in place reads the new b."""
     from tilegen.triton_backend import panel_cache
 
     found = []

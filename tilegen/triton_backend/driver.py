@@ -18,11 +18,13 @@ from triton.backends.driver import DriverBase, decompose_descriptor
 
 from .. import target as host
 from .compiler import BACKEND_NAME
+from .grid import LAUNCH_FIELDS
 from .tileir import TileError
 
-_LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
-                           ctypes.c_void_p, ctypes.c_int64)
+# `<kernel>.launch(ptr params)`: the grid's fields (grid.LAUNCH_FIELDS) and then the
+# argument slots, packed by struct into one bytes object (read only by the kernel)
+_LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_U64 = 0xFFFFFFFFFFFFFFFF
 
 
 class KernelBoundsError(IndexError):
@@ -109,6 +111,22 @@ class TilegenLauncher:
         self.program_period = int(getattr(metadata, "tilegen_program_period", 0))
         self.debug = bool(getattr(metadata, "debug", False))
         self.local = threading.local()
+        # Pairs of tensor parameters whose storages must not overlap for the kernel's
+        # packed-panel caches to be used (panel_cache.py): the launcher checks them and
+        # passes the answer in one word after the argument slots.
+        self.disjoint = [tuple(pair) for pair in getattr(metadata, "tilegen_disjoint_params",
+                                                         [])]
+        descriptors = any(kind and kind.startswith("tensordesc") for kind in self.kinds)
+        # the Python argument of each slot (not known with descriptors: several slots each)
+        self.slot_args = None if descriptors else [
+            position for position, kind in enumerate(self.kinds) if kind is not None]
+        # The common launch (no tensor descriptors, no bounds checks) packs its slots with
+        # one precompiled struct: pointers and integers as u64, floats as f64.
+        plain = not self.debug and not descriptors
+        self.converters = [kind and _convert(kind) for kind in self.kinds] if plain else None
+        self.packer = struct.Struct(f"<{LAUNCH_FIELDS}q" + "".join(
+            "d" if _is_float(kind) else "Q" for kind in self.kinds if kind is not None) +
+            ("Q" if self.disjoint else "")) if plain else None
 
     def _scratch(self, threads: int):
         size = self.frame_bytes * threads + 64
@@ -118,14 +136,19 @@ class TilegenLauncher:
         address = ctypes.addressof(buffer)
         return address + (-address) % 64
 
-    def __call__(self, gridX, gridY, gridZ, stream, function, packed_metadata,
-                 launch_metadata, enter_hook, exit_hook, *args):
-        if gridX * gridY * gridZ == 0:
-            return
-        slots = (ctypes.c_uint64 * max(1, len(args)))()
-        bounds = []
-        count = 0
-        tensors = []
+    def _status(self):
+        status = getattr(self.local, "status", None)
+        if status is None:
+            status = self.local.status = (ctypes.c_int64 * 4)()
+        # only a failure writes status[1] and [2], together with [0]; [3] is the bounds
+        # table, set for each debug launch (ctypes.memset, a foreign call, cost ~1.9 us)
+        status[0] = 0
+        return status
+
+    def _slots(self, args) -> tuple[list, list, list]:
+        """(slot values as u64, (name, tensor) of each pointer argument, their storages'
+        byte ranges) for the general launch: tensor descriptors, bounds checks."""
+        slots, bounds, tensors = [], [], []
         for kind, name, value in zip(self.kinds, self.names, args, strict=False):
             if kind is None:
                 continue
@@ -133,28 +156,58 @@ class TilegenLauncher:
                 # base, shape, strides, padding, round-to-tf32, shape (i32), strides: the
                 # arguments libtriton's descriptor-to-pointer rewrite gave the kernel
                 parts = decompose_descriptor(value)
-                if len(slots) < count + len(parts) + len(args):
-                    grown = (ctypes.c_uint64 * (2 * (count + len(parts) + len(args))))()
-                    ctypes.memmove(grown, slots, ctypes.sizeof(slots))
-                    slots = grown
-                for index, part in enumerate(parts):
-                    slots[count] = _pack("*" if index == 0 else "i64", part, bounds)
-                    count += 1
+                slots.extend(_pack("*" if index == 0 else "i64", part, bounds)
+                             for index, part in enumerate(parts))
                 tensors.append((name, parts[0]))
                 continue
-            slots[count] = _pack(kind, value, bounds)
+            slots.append(_pack(kind, value, bounds))
             if len(bounds) > len(tensors):
                 tensors.append((name, value))
-            count += 1
+        return slots, bounds, tensors
+
+    def _apart(self, args) -> int:
+        """1 when the storages of every pair of `self.disjoint` are apart, else 0 (also
+        when an argument is not a tensor, or its slot is not known)."""
+        if self.slot_args is None:
+            return 0
+        for pair in self.disjoint:
+            ranges = []
+            for param in pair:
+                storage = getattr(args[self.slot_args[param]], "untyped_storage", None)
+                if storage is None:
+                    return 0
+                storage = storage()
+                ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+            (start, end), (other_start, other_end) = ranges
+            if start < other_end and other_start < end:
+                return 0
+        return 1
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, packed_metadata,
+                 launch_metadata, enter_hook, exit_hook, *args):
+        total = gridX * gridY * gridZ
+        if total == 0:
+            return
+        threads = min(num_threads(), total)
+        status = self._status()
+        fields = (gridX, gridY, gridZ, self._scratch(threads), self.frame_bytes, threads,
+                  ctypes.addressof(status),
+                  run_length(self.program_period, gridX, total, threads))
+        tensors = ()
+        trailing = (self._apart(args),) if self.disjoint else ()
+        if self.packer is not None:
+            params = self.packer.pack(*fields, *[convert(value) for convert, value in
+                                                 zip(self.converters, args, strict=False)
+                                                 if convert is not None], *trailing)
+        else:
+            slots, bounds, tensors = self._slots(args)
+            if self.debug:
+                _set_bounds(status, bounds)
+            slots.extend(trailing)
+            params = struct.pack(f"<{LAUNCH_FIELDS}q{len(slots)}Q", *fields, *slots)
         if enter_hook is not None:
             enter_hook(launch_metadata)
-        threads = min(num_threads(), gridX * gridY * gridZ)
-        status = (ctypes.c_int64 * 4)()
-        if self.debug:
-            _set_bounds(status, bounds)
-        run = run_length(self.program_period, gridX, gridX * gridY * gridZ, threads)
-        function.launch(ctypes.addressof(slots), gridX, gridY, gridZ, self._scratch(threads),
-                        self.frame_bytes, threads, ctypes.addressof(status), run)
+        function.launch(params)
         if exit_hook is not None:
             exit_hook(launch_metadata)
         if status[0]:
@@ -212,6 +265,27 @@ def _set_bounds(status, bounds) -> None:
     status[3] = ctypes.addressof(table)
 
 
+def _is_float(kind: str) -> bool:
+    return kind.startswith("fp") or kind == "bf16"
+
+
+def _convert(kind: str):
+    """value -> what the launch's struct packs for an argument of `kind`."""
+    if kind.startswith("*"):
+        return _address
+    if _is_float(kind):
+        return float
+    return lambda value: int(value) & _U64
+
+
+def _address(value) -> int:
+    """A pointer argument's address; a CPU tensor's directly (`is_cpu` is cheap where
+    `device.type` costs ~0.6 us), anything else through _pack's checks."""
+    if getattr(value, "is_cpu", False) is True:
+        return value.data_ptr()
+    return _pack("*", value, [])
+
+
 def _pack(kind: str, value, bounds: list) -> int:
     if kind.startswith("*"):
         if value is None:
@@ -226,7 +300,7 @@ def _pack(kind: str, value, bounds: list) -> int:
             bounds.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
             return address
         return int(value)
-    if kind.startswith("fp") or kind == "bf16":
+    if _is_float(kind):
         return struct.unpack("<Q", struct.pack("<d", float(value)))[0]
     return int(value) & 0xFFFFFFFFFFFFFFFF
 

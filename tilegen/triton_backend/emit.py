@@ -12,9 +12,9 @@ the kept axis, or along a row and then across the lanes.
 
 ABI: `void @<name>.program(ptr args, i32 pid_x, pid_y, pid_z, i32 num_x, num_y, num_z,
 ptr frame, ptr status)` reads each kernel argument from its 8-byte slot of `args`
-(pointers and integers as i64, floats as f64); `void @<name>.launch(ptr args, i64 nx, ny,
-nz, ptr scratch, i64 frame_bytes, i32 threads, ptr status)` runs the grid, over `threads`
-threads through libgomp.
+(pointers and integers as i64, floats as f64); `void @<name>.launch(ptr params)` runs the
+grid, over `threads` threads through libgomp: params is i64 nx, ny, nz, scratch, frame_bytes,
+threads, status, run (grid.LAUNCH_FIELDS), then the argument slots.
 """
 
 from __future__ import annotations
@@ -133,6 +133,9 @@ class ProgramEmitter:
         # loads run only when guard() -> i1 holds: id -> guard (panel_cache.py)
         self.load_guards: dict[int, object] = {}
         self.launch_resets: list[int] = []  # frame offsets of i64s zeroed at each launch
+        # (parameter, parameter) pairs of tensors the launcher checks are apart (its
+        # trailing word, trailing_slot(0)): panel_cache.py's caches across a program's writes
+        self.disjoint_params: set[tuple[int, int]] = set()
         self.fusion = LoadFusion(program.body)
         self.fills = shared_fills.SharedFills(program.body, self.fusion)
         self.siblings = SiblingReductions(program.body)
@@ -177,6 +180,11 @@ class ProgramEmitter:
             return self.b.trunc(raw, target)
         as_double = self.b.bitcast(raw, ir.DoubleType())
         return as_double if elem == "f64" else self.b.fptrunc(as_double, target)
+
+    def trailing_slot(self, number: int) -> ir.Value:
+        """Word `number` (i64) after the kernel's argument slots: what the launcher adds
+        (panel_cache.py: whether the tensors in `disjoint_params` are apart)."""
+        return self._param(len(self.program.params) + number, TileType("i64"))
 
     def check_bounds(self, op: Op, addresses, mask, width: int, size: int,
                      contiguous: bool = False) -> None:

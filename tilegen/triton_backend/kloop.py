@@ -162,11 +162,10 @@ def start(e, loop: Op, op: Op, accumulator, context=None) -> DeferredDot:
     e.b.store(_const(0), counter)
     plan = DeferredDot(op, accumulator, pack_a, pack_b, counter, group, nr, mr)
     if reuse:
-        load, position = reuse
-        cache = panel_cache.begin(e, load, slots[position], bounds, group, groups)
+        cache = panel_cache.begin(e, reuse, slots, bounds, group, groups)
         groups_done = e.entry_alloca(I64)
         e.b.store(_const(0), groups_done)
-        e.load_guards[load.result.id] = lambda: panel_cache.must_load(e, cache)
+        e.load_guards[reuse.load.result.id] = lambda: panel_cache.must_load(e, cache)
         plan = replace(plan, cache=cache, groups_done=groups_done)
     direct = _packed_loads(e, loop, op)
     for operand in direct:

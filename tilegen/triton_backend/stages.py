@@ -66,6 +66,7 @@ def tile_to_llvm(text: TileText, metadata, options) -> str:
     metadata["tilegen_frame_bytes"] = max(64, emitter.frame_bytes)
     metadata["tilegen_check_sites"] = emitter.check_sites
     metadata["tilegen_program_period"] = program_period(program)
+    metadata["tilegen_disjoint_params"] = sorted(emitter.disjoint_params)
     return str(module)
 
 
