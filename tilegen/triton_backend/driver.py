@@ -302,7 +302,7 @@ def _pack(kind: str, value, bounds: list) -> int:
         return int(value)
     if _is_float(kind):
         return struct.unpack("<Q", struct.pack("<d", float(value)))[0]
-    return int(value) & 0xFFFFFFFFFFFFFFFF
+    return int(value) & _U64
 
 
 class _CpuEvent:
