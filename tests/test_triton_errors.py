@@ -43,19 +43,6 @@ def test_bf16_arithmetic_rounds_each_result_as_torch_does():
 
 
 @triton.jit
-def early_return(x_ptr, n, BLOCK: tl.constexpr):
-    if n > 3:
-        return
-    tl.store(x_ptr + tl.arange(0, BLOCK), tl.zeros((BLOCK,), dtype=tl.float32))
-
-
-def test_early_return_names_the_line_and_the_way_out():
-    with pytest.raises(TileError, match=r"cf\.cond_br.*early_return.*test_triton_errors\.py:"
-                                        r"\d+:\d+: unstructured control flow.*else:"):
-        early_return[(1,)](torch.zeros(16), 5, BLOCK=16)
-
-
-@triton.jit
 def tuple_argument(pair, out_ptr, BLOCK: tl.constexpr):
     r = tl.arange(0, BLOCK)
     tl.store(out_ptr + r, tl.load(pair[0] + r) + tl.load(pair[1] + r))

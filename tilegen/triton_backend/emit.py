@@ -204,7 +204,8 @@ class ProgramEmitter:
                 return [self.env[v.id] for v in op.operands]
             if op.name == "tt.return":
                 if block is not self.program.body or op is not block.ops[-1]:
-                    raise self.fail(op, "an early return is not supported")
+                    raise self.fail(op, "a return before the end of the kernel's body (the "
+                                        "importer structurizes early returns)")
                 self.b.ret_void()
                 return []
             self.op(op)
@@ -235,9 +236,8 @@ class ProgramEmitter:
             elif name in _IGNORED:
                 pass
             elif name.startswith("cf."):
-                raise self.fail(op, "unstructured control flow (an early `return` inside "
-                                    "`if`) is not supported; put the rest of the kernel "
-                                    "under `else:`")
+                raise self.fail(op, "a branch left in the tile IR (the importer "
+                                    "structurizes the kernel body's branches)")
             else:
                 raise self.fail(op, "this op is not supported by the tilegen backend")
             self.fills.end(self, op)

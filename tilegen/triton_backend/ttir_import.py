@@ -13,6 +13,7 @@ import re
 import struct
 from typing import Any
 
+from .structurize import structurize
 from .tileir import Block, Loc, Op, Param, Program, TileError, TileType, Value
 
 _OP_LINE = re.compile(r'^\s*(?:\}\s*)?(?:%[\w#:.$-]+(?:\s*,\s*%[\w#:.$-]+)*\s*=\s*)?"?'
@@ -51,24 +52,50 @@ def import_module(module, kernel_name: str, param_names: list[str]) -> Program:
     tree = _ModuleTree(module)
     funcs = [op for op in tree.children_of_root() if tree.name(op) == "tt.func"]
     if len(funcs) != 1:
-        names = sorted(tree.name(op) for op in tree.children_of_root())
-        raise TileError(f"kernel `{kernel_name}`: expected one function after inlining, "
-                        f"found {names} (noinline functions are not supported)")
+        raise _not_inlined(tree, funcs, kernel_name)
     lines = _pair_lines(tree, list(tree.preorder(funcs[0])), _op_lines(module.str_nodebug()))
     if lines is None:
         raise TileError(f"kernel `{kernel_name}`: the printed TTIR does not match the walked "
                         "module (an op printed in an unexpected form)")
     builder = _Builder(tree, lines, kernel_name)
     func = funcs[0]
-    body_block = tree.blocks_of(func, 0)[0]
-    args = builder.block_args(body_block)
+    blocks = tree.blocks_of(func, 0)
+    args = builder.block_args(blocks[0])
     divisibility = _arg_divisibility(lines[id(func)], len(args))
     if len(param_names) != len(args):
         param_names = [f"arg{i}" for i in range(len(args))]
     params = tuple(Param(name, value, div)
                    for name, value, div in zip(param_names, args, divisibility, strict=True))
-    body = Block(args, builder.ops(body_block))
+    if len(blocks) == 1:
+        body = Block(args, builder.ops(blocks[0]))
+    else:  # branches between blocks (early returns): rebuilt as nested scf.if
+        body = structurize(kernel_name, [Block(builder.block_args(block), builder.ops(block))
+                                         for block in blocks])
     return Program(kernel_name, params, body)
+
+
+def _not_inlined(tree, funcs: list, kernel_name: str) -> TileError:
+    """The error for a module with other functions than the kernel: the first call left,
+    with its line and why the inliner left it."""
+    calls = [op for func in funcs for op in tree.preorder(func) if tree.name(op) == "tt.call"]
+    if not calls:
+        names = sorted(tree.name(op) for op in tree.children_of_root())
+        return TileError(f"kernel `{kernel_name}`: expected one function after inlining, "
+                         f"found {names}")
+    call = calls[0]
+    callee_name = call.get_flat_symbol_ref_attr("callee")
+    callee = next((func for func in funcs if func.get_str_attr("sym_name") == callee_name),
+                  None)
+    loc = _location(call)
+    where = f"kernel `{kernel_name}`" + (f" at {loc}" if loc else "")
+    if callee is not None and len(tree.blocks_of(callee, 0)) > 1:
+        why = ("it returns from inside an `if`, and MLIR inlines such a function only into "
+               "the kernel's own body, not into a `for`, `while` or `if` body; let it "
+               "return once (assign the result in each branch) or call it outside the loop")
+    else:
+        why = "noinline functions are not supported"
+    short = callee_name.rsplit(".", 1)[-1].split("__")[0]  # Triton's module.name__types
+    return TileError(f"{where}: the call of `{short}` is not inlined: {why}")
 
 
 def _pair_lines(tree, order: list, text_lines: list[tuple[str, str]]) -> dict | None:
@@ -185,7 +212,9 @@ class _Builder:
 
 def _location(handle) -> Loc | None:
     candidates = [handle.get_result(i) for i in range(handle.get_num_results())]
-    candidates += [handle.get_operand(i) for i in range(handle.get_num_operands())][::-1]
+    operands = [handle.get_operand(i) for i in range(handle.get_num_operands())]
+    # a branch is where its condition is (the `if`); other ops, where their last operand is
+    candidates += operands if handle.get_name() == "cf.cond_br" else operands[::-1]
     for value in candidates:
         match = _LOCATION.search(str(value.get_loc()))
         if match:
@@ -270,9 +299,27 @@ def _attributes(name: str, handle, line: str, results) -> tuple[tuple[str, objec
         if name == "tt.print":
             attrs += (("hex", "hex = true" in body),)
         return attrs
+    if name == "cf.br":
+        (dest, count), = _successors(body)
+        if count != handle.get_num_operands():
+            raise ValueError("the branch's operands are not its block arguments")
+        return (("dest", dest),)
+    if name == "cf.cond_br":
+        (true_dest, true_count), (false_dest, false_count) = _successors(body)
+        if 1 + true_count + false_count != handle.get_num_operands():
+            raise ValueError("the branch's operands are not its condition and block arguments")
+        return (("true_dest", true_dest), ("false_dest", false_dest),
+                ("true_count", true_count))
     if name == "tt.histogram":
         return ()
     return ()
+
+
+def _successors(body: str) -> list[tuple[int, int]]:
+    """(block number, operand count) of each successor of a printed branch: `^bb4` or
+    `^bb4(%11, %12 : tensor<16xf32>, i32)`; blocks are numbered in their region's order."""
+    return [(int(match.group(1)), (match.group(2) or "").count("%"))
+            for match in re.finditer(r"\^bb(\d+)(?:\(([^)]*)\))?", body)]
 
 
 def _constant(body: str, type_: TileType):
