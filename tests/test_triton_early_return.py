@@ -428,3 +428,28 @@ def test_structurize_builds_a_join_with_results():
     assert [op.operands for op in (branch.regions[0].ops[-1], branch.regions[1].ops[-1])] \
         == [(b,), (c,)]
     assert body.ops[2].operands == (branch.results[0], a)
+
+
+def test_a_block_reached_after_a_return_is_copied_as_new_ops():
+    """Both arms reach the store block (one through a branch that may return): it is
+    copied, and the copy is a new op even with the same operands (the lowering keys its
+    plans by op identity)."""
+    i32, i1 = TileType("i32"), TileType("i1")
+    a, cond, b = Value(0, i32), Value(1, i1), Value(2, i32)
+    entry = Block((a,), (Op("arith.cmpi", (cond,), (a, a), (("predicate", "eq"),)),
+                         _branch("cf.cond_br", (cond,), (("true_dest", 1), ("false_dest", 2),
+                                                         ("true_count", 0)), 2)))
+    maybe = Block((), (_branch("cf.cond_br", (cond,), (("true_dest", 3), ("false_dest", 2),
+                                                       ("true_count", 0)), 3),))
+    store = Block((), (Op("arith.addi", (b,), (a, a)), Op("tt.store", (), (a, a)),
+                       Op("tt.return", (), ())))
+    done = Block((), (Op("tt.return", (), ()),))
+    body = structurize("copies", [entry, maybe, store, done])
+    outer = body.ops[1]
+    inner = outer.regions[0].ops[0]
+    first, second = inner.regions[1].ops, outer.regions[1].ops
+    assert [op.name for op in first] == [op.name for op in second] == \
+        ["arith.addi", "tt.store", "scf.yield"]
+    assert first[1] is not second[1]
+    assert first[0].result != second[0].result  # a fresh id for the copy
+    assert first[1].operands == second[1].operands == (a, a)

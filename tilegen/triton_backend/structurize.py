@@ -253,19 +253,19 @@ class _Structurizer:
 
     def _copy(self, op: Op, env: dict[int, Value], fresh: bool) -> Op:
         """`op` reading through `env`; with `fresh`, defining new values (entered in
-        `env`). The op itself when nothing changes."""
+        `env`). A copy is always a new object (the lowering keys its plans by `id(op)`);
+        the first emission is the op itself when nothing changes."""
         operands = self._mapped(op.operands, env)
         regions = tuple(self._copy_block(region, env, fresh) for region in op.regions)
         results = tuple(self._define(value, env, fresh) for value in op.results)
-        if _same(operands, op.operands) and _same(regions, op.regions) and \
-                _same(results, op.results):
+        if not fresh and _same(operands, op.operands) and _same(regions, op.regions):
             return op
         return replace(op, operands=operands, regions=regions, results=results)
 
     def _copy_block(self, block: Block, env: dict[int, Value], fresh: bool) -> Block:
         args = tuple(self._define(arg, env, fresh) for arg in block.args)
         ops = tuple(self._copy(op, env, fresh) for op in block.ops)
-        if _same(args, block.args) and _same(ops, block.ops):
+        if not fresh and _same(ops, block.ops):
             return block
         return Block(args, ops)
 
