@@ -453,3 +453,35 @@ def test_a_block_reached_after_a_return_is_copied_as_new_ops():
     assert first[1] is not second[1]
     assert first[0].result != second[0].result  # a fresh id for the copy
     assert first[1].operands == second[1].operands == (a, a)
+
+
+@triton.jit
+def guarded_matmul(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A K loop of `tt.dot` behind a guard: the loop the gemm path takes sits inside the
+    guard's `scf.if`."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m * BLOCK_M >= M:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        ks = start + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :],
+                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + ks[:, None] * N + cols[None, :],
+                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + rows[:, None] * N + cols[None, :], acc,
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@pytest.mark.parametrize("M,N,K", [(45, 40, 70), (32, 32, 32)])
+def test_guard_before_a_dot_loop(M, N, K):
+    torch.manual_seed(4)
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    c = torch.full((M, N), SENTINEL)
+    grid = (triton.cdiv(M, 16) + 2, triton.cdiv(N, 32))
+    guarded_matmul[grid](a, b, c, M, N, K, BLOCK_M=16, BLOCK_N=32, BLOCK_K=16)
+    torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-4)
