@@ -143,7 +143,8 @@ def test_minilm_with_bf16x3_weights_matches_sentence_transformers(sentences):
 
     model = SentenceTransformer(str(default_model_dir()), device="cpu")
     expected = model.encode(sentences, convert_to_numpy=True).astype(np.float64)
-    encoder = SentenceEncoder(weights="bf16x3", length_step=256)
+    encoder = SentenceEncoder(weights="bf16x3", length_step=256,
+                              short_length_step=256)
     stacks = [w for w in encoder.weights if w.dtype == BF16]
     assert len(stacks) == 6 * 6  # q, k, v, output, intermediate, output dense per layer
     got = encoder.encode(sentences)

@@ -33,6 +33,7 @@ from kina_models.minilm.tokens import (  # noqa: E402
     bucket,
     load_tokenizer,
     make_batches,
+    padded_length,
 )
 from tests import minilm_reference  # noqa: E402
 
@@ -97,7 +98,9 @@ def test_one_text_is_tokenized_as_in_a_batch(encoder, st_model, corpus):
         (batch,) = encoder.batches([text], 32)
         theirs = st_model.preprocess([text])
         length = int(theirs["attention_mask"].sum())
-        assert batch.ids.shape == (1, min(-(-length // 16) * 16, 256)), text[:40]
+        # multiples of 4 up to 32 tokens, of 16 beyond (the default steps)
+        padded = -(-length // 4) * 4 if length <= 32 else min(-(-length // 16) * 16, 256)
+        assert batch.ids.shape == (1, padded), text[:40]
         for ours, key in ((batch.ids, "input_ids"), (batch.type_ids, "token_type_ids"),
                           (batch.mask, "attention_mask")):
             assert ours[0, :length].tolist() == theirs[key][0, :length].tolist(), key
@@ -107,6 +110,9 @@ def test_one_text_is_tokenized_as_in_a_batch(encoder, st_model, corpus):
 def test_buckets_and_batches():
     assert [bucket(n, 16, 256) for n in (1, 2, 16, 17, 255, 256)] == [16, 16, 16, 32, 256, 256]
     assert bucket(250, 16, 250) == 250
+    assert [padded_length(n, 16, 4, 256) for n in (1, 4, 5, 12, 13, 32, 33, 47, 48, 255)] \
+        == [4, 4, 8, 12, 16, 32, 48, 48, 48, 256]
+    assert padded_length(250, 16, 4, 250) == 250 and padded_length(7, 16, 16, 256) == 16
     assert [batch_rows(n, 32) for n in (1, 2, 3, 5, 17, 32)] == [1, 2, 4, 8, 32, 32]
     assert batch_rows(13, 12) == 12
 
@@ -122,6 +128,8 @@ def test_buckets_and_batches():
     assert [b.ids.shape for b in batches] == [(4, 256), (4, 16)]    # one padding row
     assert [b.ids.shape for b in make_batches([Encoding(n) for n in lengths], 3, 16, 256)] \
         == [(3, 256), (3, 16), (1, 16)]
+    assert [b.ids.shape for b in make_batches([Encoding(n) for n in lengths], 3, 16, 256, 4)] \
+        == [(3, 256), (3, 12), (1, 4)]
     for batch in batches:
         for row, index in enumerate(batch.rows):
             n = lengths[index]
@@ -296,7 +304,7 @@ def whole_lengths():
     """Steps of 256 tokens: the corpus (every length 0-256 and past it) is batches of 32
     texts padded to T = 256, one compiled shape, and the short texts' batches are mostly
     padding."""
-    return SentenceEncoder(length_step=256)
+    return SentenceEncoder(length_step=256, short_length_step=256)
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +331,9 @@ SHORT_TEXTS = ["", "a", "Hello, world!", minilm_data.words(TOKENIZER_JSON, 10, s
 def test_default_buckets_match(encoder, st_model):
     ours = encoder.encode(SHORT_TEXTS)
     assert_matches(ours, st_model.encode(SHORT_TEXTS, convert_to_numpy=True), SHORT_TEXTS)
-    assert (4, 16) in encoder.compiled_shapes
+    longest = int(st_model.preprocess(SHORT_TEXTS)["attention_mask"].sum(axis=1).max())
+    assert longest == 12  # ten one-token words and [CLS], [SEP]: padded to 12, not 16
+    assert (4, 12) in encoder.compiled_shapes
     assert any(compile_cache_entries(encoder))
 
 
@@ -344,12 +354,23 @@ def test_encode_forms(encoder, st_model):
         encoder.encode(["a"], batch_size=0)
 
 
+@pytest.mark.parametrize("steps, message", [
+    ({"length_step": 0}, "length_step must be a positive integer"),
+    ({"short_length_step": 0}, "short_length_step must be an integer from 1 to length_step"),
+    ({"length_step": 8, "short_length_step": 16}, r"from 1 to length_step \(8\), got 16"),
+    ({"short_length_step": True}, "short_length_step must be an integer"),
+])
+def test_bad_length_steps_are_refused(steps, message):
+    with pytest.raises(ValueError, match=message):
+        SentenceEncoder(**steps)
+
+
 def test_shapes_are_compiled_once(encoder):
     encoder.encode(SHORT_TEXTS)
     before = dict(encoder._compiled)
     encoder.encode(list(reversed(SHORT_TEXTS)))
     assert encoder._compiled == before
-    assert encoder.function(4, 16) is before[4, 16][0]  # (function, its weights)
+    assert encoder.function(4, 12) is before[4, 12][0]  # (function, its weights)
 
 
 def test_shared_library_matches(st_model):
@@ -362,10 +383,11 @@ def test_shared_library_matches(st_model):
 
 
 def test_cli_prints_the_similarity_matrix(encoder, compile_cache):
-    encoder.function(4, 16)   # on disk for the CLI's process
+    texts = ["A cat sits on the mat.", "A kitten rests on a rug.",
+             "Stock markets fell sharply today."]
+    encoder.function(*encoder.batches(texts, 32)[0].ids.shape)  # on disk for the CLI
     result = subprocess.run(
-        [sys.executable, "-m", "kina_models.minilm", "A cat sits on the mat.",
-         "A kitten rests on a rug.", "Stock markets fell sharply today."],
+        [sys.executable, "-m", "kina_models.minilm", *texts],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
@@ -454,7 +476,8 @@ def test_finetune_gradients_match_torch(st_model, encoder, mode):
     """One contrastive fine-tuning step's gradients for all 101 weights by reverseMode."""
     texts = [text for pair in FINETUNE_PAIRS for text in pair]
     (batch,) = encoder.batches(texts, 8)
-    assert batch.ids.shape == (8, 16)
+    longest = max(len(encoder.tokenizer.encode(text).ids) for text in texts)
+    assert batch.ids.shape == (8, -(-longest // 4) * 4)
     # Batch rows are in length order: row r's partner is the row of its pair's other text.
     row_of = {index: row for row, index in enumerate(batch.rows)}
     partners = np.array([row_of[index ^ 1] for index in batch.rows], np.int64)

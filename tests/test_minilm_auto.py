@@ -150,4 +150,4 @@ def test_the_cli_says_which_program_each_shape_ran_on(capsys):
     assert main(["-v", "a dog", "a cat sat on the mat"]) == 0
     err = capsys.readouterr().err
     assert err.splitlines()[0].startswith("weights: ")
-    assert "batch shape (2, 16): f32" in err  # 32 tokens: below AUTO_BF16X3_TOKENS
+    assert "batch shape (2, 8): f32" in err  # 16 tokens: below AUTO_BF16X3_TOKENS

@@ -94,7 +94,7 @@ def test_minilm_with_bf16_weights_keeps_the_f32_embeddings(sentences, dot, monke
     monkeypatch.setenv("TILEGEN_BF16_DOT", dot)  # read when the encoder compiles
     model = SentenceTransformer(str(default_model_dir()), device="cpu")
     expected = model.encode(sentences, convert_to_numpy=True).astype(np.float64)
-    encoder = SentenceEncoder(weights="bf16", length_step=256)
+    encoder = SentenceEncoder(weights="bf16", length_step=256, short_length_step=256)
     narrow = [w for w in encoder.weights if w.dtype == BF16]
     assert len(narrow) == 6 * 6  # q, k, v, output, intermediate, output dense per layer
     got = encoder.encode(sentences)

