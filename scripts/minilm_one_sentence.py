@@ -53,7 +53,7 @@ def main() -> None:
     clock = time.thread_time if threads == "1" else time.perf_counter
     encoder = SentenceEncoder()
     encoder.encode([args.sentence])
-    function = encoder.function(1, encoder.length_step)
+    function = encoder.function(*encoder.batches([args.sentence], 1)[0].ids.shape)
     if args.profile:
         from tilegen import profile
         profile.reset(function)
