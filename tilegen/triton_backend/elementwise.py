@@ -57,6 +57,12 @@ def splat_constant(ty: ir.Type, value, width: int) -> ir.Value:
     return VectorText(ir.VectorType(ty, width), f"splat ({constant})") if width else constant
 
 
+def is_all_true(value: ir.Value) -> bool:
+    """Whether `value` is the i1 splat constant true (an interior chunk's mask)."""
+    return isinstance(value, VectorText) and value.type.element == I1 and \
+        value.constant == f"splat ({ir.Constant(I1, 1)})"
+
+
 class VectorText(ir.Constant):
     """A vector constant written as LLVM's short forms (`splat (float 1.0)`, `undef`), not
     `<T v, T v, ...>`: a third of a kernel's IR text was vector constants, formatted

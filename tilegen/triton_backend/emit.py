@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from . import bounds, fused_loads, memory, prefetch, shapes, shared_fills, tiles
+from . import bounds, fused_loads, interior, memory, prefetch, shapes, shared_fills, tiles
 from .analysis import axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
@@ -144,6 +144,9 @@ class ProgramEmitter:
         # ops already emitted at an earlier place (a reduction run in an earlier one's
         # sweep, sibling_reductions.py): nothing is emitted where they stand
         self.emitted_early: set[int] = set()
+        # id() of lazy comparisons known true at every position the current sweep's trip
+        # reads (its interior, interior.py)
+        self.all_true: frozenset[int] = frozenset()
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
@@ -294,7 +297,7 @@ class ProgramEmitter:
             return value
         out = self.alloc(value.type)
         self.chunks(value.type, lambda index, width: self.store_chunk(
-            out, index, self._evaluate(value, index, width)))
+            out, index, self._evaluate(value, index, width)), reads=(value,))
         return out
 
     def _keep(self, result: Value, lazy: Lazy):
@@ -334,6 +337,15 @@ class ProgramEmitter:
             return self.b.add(self.splat(base, width), lanes)
         if kind == "load":
             return memory.fused_load_chunk(self, lazy, index, width)
+        if kind == "map" and id(lazy) in self.all_true:
+            return splat_constant(I1, 1, width)
+        if kind in ("view", "broadcast") and self.all_true:
+            # read at other positions than the sweep's: nothing is known true there
+            saved, self.all_true = self.all_true, frozenset()
+            try:
+                return self._compute(lazy, index, width)
+            finally:
+                self.all_true = saved
         if kind in ("map", "addptr"):
             args = [self.load_chunk(v, index, width) for v in lazy.operands]
             if kind == "addptr":
@@ -419,11 +431,17 @@ class ProgramEmitter:
         self.b.position_at_end(after)
         return list(phis)
 
-    def chunks(self, type_: TileType, body) -> None:
-        """body(flat_index, width) over the chunks of a tile of `type_`."""
+    def chunks(self, type_: TileType, body, reads=()) -> None:
+        """body(flat_index, width) over the chunks of a tile of `type_`. `reads`: every
+        value the body reads at those positions; edge comparisons among them are folded
+        where the chunk lies inside the tile's interior (interior.py)."""
         width = chunk_width(type_)
-        self.loop(type_.numel // width,
-                  lambda i: body(self.b.mul(i, ir.Constant(I64, width)), width))
+        count = type_.numel // width
+        if reads and count >= interior.MIN_TRIPS:
+            interior.counted(self, reads, type_, 0, count, width, width, [], lambda i, _: (
+                body(self.b.mul(i, ir.Constant(I64, width)), width), [])[1])
+            return
+        self.loop(count, lambda i: body(self.b.mul(i, ir.Constant(I64, width)), width))
 
     def splat(self, value: ir.Value, width: int) -> ir.Value:
         if not width:

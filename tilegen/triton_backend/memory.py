@@ -17,6 +17,7 @@ from .elementwise import (
     I32,
     I64,
     PTR,
+    is_all_true,
     of_width,
     scalar_type,
     splat_constant,
@@ -143,14 +144,15 @@ def load(e, op) -> None:
         _transposing_load(e, result.type, out, addresses, masks, others, memory_ty, align,
                           contiguous_read, elem)
     else:
-        e.chunks(result.type, body)
+        e.chunks(result.type, body, reads=tuple(
+            value for value in (addresses, masks, others) if value is not None))
     e.env[result.id] = out
 
 
 def vector_load(e, address, lane_mask, passthru, vector_ty, align: int) -> ir.Value:
     """A contiguous vector read from `address`, under `lane_mask` if there is one."""
     first = e.b.inttoptr(address, PTR)
-    if lane_mask is None:
+    if lane_mask is None or is_all_true(lane_mask):
         return e.b.load(first, typ=vector_ty, align=align)
     function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
                             vector_ty, [PTR, I32, lane_mask.type, vector_ty])
@@ -279,7 +281,8 @@ def store(e, op) -> None:
         return
     body = store_chunk_body(e, op)
     fused_loads.guarded_store(e, op, lambda values: e.chunks(
-        value.type, lambda index, width: body(values, index, width)))
+        value.type, lambda index, width: body(values, index, width),
+        reads=(values, *store_reads(e, op))))
 
 
 def _scalar_store(e, op) -> None:
@@ -297,6 +300,11 @@ def _scalar_store(e, op) -> None:
             e.b.store(data, e.b.inttoptr(address, PTR), align=align)
 
 
+def store_reads(e, op) -> tuple:
+    """What a store's chunks read besides its value: its pointer and mask tiles."""
+    return tuple(e.env[operand.id] for operand in (op.operands[0], *op.operands[2:3]))
+
+
 def store_chunk_body(e, op):
     """body(values, index, width): the store of a tile's chunk at flat `index`, its data
     read from `values` (the stored value's lazy or tile)."""
@@ -312,7 +320,7 @@ def store_chunk_body(e, op):
 
     def vector_store(address, lane_mask, data, vector_ty):
         first = e.b.inttoptr(address, PTR)
-        if lane_mask is None:
+        if lane_mask is None or is_all_true(lane_mask):
             e.b.store(data, first, align=align)
             return
         function = e.ew.declare(f"llvm.masked.store.{type_suffix(vector_ty)}.p0",
