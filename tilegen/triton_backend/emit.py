@@ -19,7 +19,7 @@ threads, status, run (grid.LAUNCH_FIELDS), then the argument slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
@@ -36,6 +36,7 @@ from .elementwise import (
     bf16_bits,
     of_width,
     scalar_type,
+    scaled_reciprocal,
     splat_constant,
     storage_type,
 )
@@ -470,9 +471,25 @@ class ProgramEmitter:
         sources = tuple(self.env[v.id] if v.type.shape else
                         Lazy(TileType(v.type.elem, result.type.shape), "splat",
                              payload=self.env[v.id]) for v in op.operands)
+        if op.name == "arith.divf" and result.type.elem in ("f32", "f64"):
+            divisor = _uniform(sources[1])
+            if divisor is not None:  # a reciprocal once, two multiplies per lane
+                self._keep(result, self._scaled_product(op, sources[0], divisor))
+                return
         own = 8 if op.name in _EXPENSIVE else 1
         self._keep(result, Lazy(result.type, "map", sources, op,
                                 cost=own + sum(_cost(s) for s in sources)))
+
+    def _scaled_product(self, op: Op, dividend, divisor: ir.Value) -> Lazy:
+        """`dividend / divisor` (a scalar) as (dividend * s) * r, elementwise.scaled_reciprocal.
+        tt.precise_divf (tl.div_rn) stays an IEEE division."""
+        scale, reciprocal = scaled_reciprocal(self.b, divisor)
+        multiply = replace(op, name="arith.mulf")
+        type_ = op.result.type
+        scaled = Lazy(type_, "map", (dividend, Lazy(type_, "splat", payload=scale)), multiply,
+                      cost=1 + _cost(dividend))
+        return Lazy(type_, "map", (scaled, Lazy(type_, "splat", payload=reciprocal)),
+                    multiply, cost=1 + scaled.cost)
 
     def _view(self, op: Op) -> None:
         source = self.env[op.operands[0].id]
@@ -555,6 +572,15 @@ class ProgramEmitter:
             return self.block(block)
         finally:
             self.region_width = saved
+
+
+def _uniform(value) -> ir.Value | None:
+    """The scalar a tile holds at every position (a splat or a constant), or None."""
+    if not isinstance(value, Lazy) or value.kind not in ("splat", "const"):
+        return None
+    if value.kind == "splat":
+        return value.payload
+    return ir.Constant(scalar_type(value.type.elem), value.payload)
 
 
 def _cost(value) -> int:

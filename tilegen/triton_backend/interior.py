@@ -10,9 +10,10 @@ whose one side is affine in the lane with slope 1 and the other with slope 0:
 `off + arange(0, BLOCK)` is `A + f` at flat position f, with A and the bound B scalars
 known before the sweep. Such a comparison holds at positions [0, B - A) (one more for
 `<=`), with integer wrap-around as Triton's: below B - A, A + f < B <= INT_MAX has not
-wrapped (past that prefix the lanes are evaluated as before, wrapped or not). The sweep's trips whose positions all lie below the least of these
-limits run first with those comparisons as constant true vectors, which LLVM folds:
-plain loads and stores, `tl.where(mask, x, 0)` gone; the remaining trips (the edge, and
+wrapped (past that prefix the lanes are evaluated as before, wrapped or not). The
+sweep's trips whose positions all lie below the least of these limits run first with
+those comparisons as constant true vectors: plain loads and stores (memory.vector_load),
+`tl.where(mask, x, 0)` folded by LLVM; the remaining trips (the edge, and
 the all-false tail) run as before. Nothing is matched by name; an i32 or i64 comparison of
 any such affine pair qualifies. A comparison reached through a view or a broadcast is read
 at other positions than the sweep's and is never folded (ProgramEmitter._compute clears the
