@@ -120,6 +120,8 @@ def load(e, op) -> None:
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
             if e.streams.streams(op, pointer, result.type):
                 prefetch.ahead(e, address)
+            else:
+                _next_trip(e, op, pointer, result.type, address)
             raw = contiguous_read(address, lane_mask, passthru, vector_ty)
         else:
             chunk = e.load_chunk(addresses, index, width)
@@ -189,14 +191,23 @@ def fused_load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
     # once per chunk: a sweep that evaluates the load for several readers (fills, sibling
     # reductions) reads it again, which LLVM merges, but a prefetch is a call it keeps
     once = (id(op), index, width, id(e.b.block))
-    if width and once not in e.prefetched and e.streams.streams(op, op.operands[0],
-                                                                 op.result.type):
+    if width and once not in e.prefetched:
         e.prefetched.add(once)
-        prefetch.ahead(e, address)
+        if e.streams.streams(op, op.operands[0], op.result.type):
+            prefetch.ahead(e, address)
+        else:
+            _next_trip(e, op, op.operands[0], op.result.type, address)
     raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
     if not width:
         raw = e.b.extract_element(raw, ir.Constant(I32, 0))
     return _to_value(e, raw, elem)
+
+
+def _next_trip(e, op, pointer, type_, address) -> None:
+    """Prefetch the chunk the loop's next trip reads here (prefetch.Streams.next_trip)."""
+    distance = e.streams.next_trip(e, op, pointer, type_)
+    if distance is not None:
+        prefetch.ahead(e, address, distance=distance)
 
 
 def _put(e, out, index, value) -> None:
