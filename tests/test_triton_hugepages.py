@@ -1,0 +1,103 @@
+"""MADV_HUGEPAGE under the large tensors a kernel writes (hugepages.py): the advised range
+is the whole 2 MB pages inside the written tensor's bytes, read back from the VMA flags in
+/proc/self/smaps (`hg`); inputs, small outputs and TILEGEN_HUGEPAGES=0 are left alone."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import tilegen.triton_backend  # noqa: E402
+
+tilegen.triton_backend.register()
+
+import triton.language as tl  # noqa: E402
+
+from tilegen.triton_backend import hugepages  # noqa: E402
+
+_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(_MODE) or "[madvise]" not in open(_MODE).read(),
+    reason="transparent huge pages are not in madvise mode here")
+
+
+@triton.jit
+def _scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 3.0, mask=mask)
+
+
+def _advised(address: int) -> bool:
+    """Whether the mapping holding `address` has MADV_HUGEPAGE (VmFlags `hg`)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(part, 16) for part in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "VmFlags:":
+                return "hg" in line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _run(x, y):
+    n = x.numel()
+    _scale[(triton.cdiv(n, 4096),)](x, y, n, BLOCK=4096)
+    torch.testing.assert_close(y, x * 3.0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_madvise(monkeypatch):
+    monkeypatch.delenv("TILEGEN_HUGEPAGES", raising=False)
+    hugepages.madvise.cache_clear()
+    yield
+    hugepages.madvise.cache_clear()
+
+
+def test_a_large_written_view_advises_only_its_whole_huge_pages():
+    big = 2 << 20
+    buffer = torch.zeros((24 << 20) // 4)  # 24 MB, mapped on its own
+    start = buffer.data_ptr()
+    first = -(-start // big) * big + big + 4096 * 3  # not on a 2 MB boundary
+    offset = (first - start) // 4
+    y = buffer[offset:offset + (9 << 20) // 4 + 5]  # 9 MB and 20 bytes
+    x = torch.randn(y.numel())  # an input, not advised
+    _run(x, y)
+    low = -(-y.data_ptr() // big) * big
+    high = (y.data_ptr() + y.nbytes) // big * big
+    assert _advised(low) and _advised(high - 1)
+    assert not _advised(low - 1) and not _advised(high)  # outside the whole pages
+    assert not _advised(x.data_ptr() + x.nbytes // 2)
+
+
+def test_small_outputs_and_the_knob_leave_memory_alone(monkeypatch):
+    x = torch.randn(((hugepages.MIN_BYTES >> 2) - 1))  # just under the threshold
+    y = torch.empty_like(x)
+    _run(x, y)
+    assert not _advised(y.data_ptr() + y.nbytes // 2)
+    monkeypatch.setenv("TILEGEN_HUGEPAGES", "0")
+    hugepages.madvise.cache_clear()
+    x, y = torch.randn(3 << 20), torch.empty(3 << 20)
+    _run(x, y)
+    assert not _advised(y.data_ptr() + y.nbytes // 2)
+
+
+@triton.jit
+def _total(x_ptr, total_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(total_ptr, tl.sum(tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)))
+
+
+def test_written_params_follow_stores_and_atomics():
+    x, y = torch.randn(5000), torch.empty(5000)
+    assert _scale[(2,)](x, y, 5000, BLOCK=4096).metadata.tilegen_written_params == [1]
+    total = torch.zeros(1)
+    compiled = _total[(2,)](x, total, 5000, BLOCK=4096)
+    torch.testing.assert_close(total[0], x.sum(), rtol=1e-5, atol=1e-3)
+    assert compiled.metadata.tilegen_written_params == [1]
