@@ -34,6 +34,14 @@ def _scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 def _advised(address: int) -> bool:
     """Whether the mapping holding `address` has MADV_HUGEPAGE (VmFlags `hg`)."""
+    flags = _advice_at(address)
+    if flags is None:
+        raise AssertionError(f"no mapping holds {address:#x}")
+    return flags
+
+
+def _advice_at(address: int) -> bool | None:
+    """_advised, or None when nothing is mapped there."""
     inside = False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
@@ -43,7 +51,7 @@ def _advised(address: int) -> bool:
                 inside = low <= address < high
             elif inside and head == "VmFlags:":
                 return "hg" in line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+    return None
 
 
 def _run(x, y):
@@ -74,6 +82,22 @@ def test_a_large_written_view_advises_only_its_whole_huge_pages():
     assert _advised(low) and _advised(high - 1)
     assert not _advised(low - 1) and not _advised(high)  # outside the whole pages
     assert not _advised(x.data_ptr() + x.nbytes // 2)
+
+
+def test_an_expanded_output_advises_nothing_past_its_storage():
+    """numel x 4 bytes is 16 MB, the storage 4 MB: only the storage's own pages."""
+    big = 2 << 20
+    storage = torch.zeros((4 << 20) // 4)
+    y = storage.view(1, -1).expand(4, -1)
+    past = [y.data_ptr() + y.nbytes - 4096 * k for k in (1, 2)] + \
+        [storage.data_ptr() + storage.nbytes + 4096 * k for k in range(0, 512, 64)]
+    before = [_advice_at(address) for address in past]
+    hugepages.advise(hugepages.madvise(), y)
+    low = -(-storage.data_ptr() // big) * big
+    high = (storage.data_ptr() + storage.nbytes) // big * big
+    assert high > low and _advised(low) and _advised(high - 1)
+    # what lies past the storage is as it was
+    assert [_advice_at(address) for address in past] == before
 
 
 def test_small_outputs_and_the_knob_leave_memory_alone(monkeypatch):

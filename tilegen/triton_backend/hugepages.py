@@ -61,8 +61,10 @@ def advise(call, tensor) -> None:
     try:
         if getattr(tensor, "is_cpu", False) is not True or tensor.nbytes < MIN_BYTES:
             return
+        # within the storage: an expanded view's numel may exceed what it holds
+        storage = tensor.untyped_storage()
         start = tensor.data_ptr()
-        end = start + tensor.nbytes
+        end = min(start + tensor.nbytes, storage.data_ptr() + storage.nbytes())
     except (AttributeError, RuntimeError, TypeError):
         return
     low = -(-start // HUGE_PAGE) * HUGE_PAGE
