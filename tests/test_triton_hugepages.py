@@ -4,7 +4,7 @@ is the whole 2 MB pages inside the written tensor's bytes, read back from the VM
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +19,9 @@ import triton.language as tl  # noqa: E402
 
 from tilegen.triton_backend import hugepages  # noqa: E402
 
-_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 pytestmark = pytest.mark.skipif(
-    not os.path.exists(_MODE) or "[madvise]" not in open(_MODE).read(),
+    not _MODE.exists() or "[madvise]" not in _MODE.read_text(),
     reason="transparent huge pages are not in madvise mode here")
 
 
