@@ -101,7 +101,7 @@ def test_an_expanded_output_advises_nothing_past_its_storage():
 
 
 def test_small_outputs_and_the_knob_leave_memory_alone(monkeypatch):
-    x = torch.randn(((hugepages.MIN_BYTES >> 2) - 1))  # just under the threshold
+    x = torch.randn((hugepages.MIN_BYTES >> 2) - 1)  # just under the threshold
     y = torch.empty_like(x)
     _run(x, y)
     assert not _advised(y.data_ptr() + y.nbytes // 2)
