@@ -4,6 +4,7 @@ is the whole 2 MB pages inside the written tensor's bytes, read back from the VM
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,18 @@ def _advice_at(address: int) -> bool | None:
     return None
 
 
+def _fresh(count: int) -> torch.Tensor:
+    """A float32 tensor in an anonymous mapping of its own: memory an earlier launch in
+    this process cannot have advised already (the allocator's heap may have been)."""
+    mapping = mmap.mmap(-1, count * 4)
+    tensor = torch.frombuffer(mapping, dtype=torch.float32)
+    _MAPPINGS.append(mapping)
+    return tensor
+
+
+_MAPPINGS: list = []
+
+
 def _run(x, y):
     n = x.numel()
     _scale[(triton.cdiv(n, 4096),)](x, y, n, BLOCK=4096)
@@ -70,7 +83,7 @@ def _fresh_madvise(monkeypatch):
 
 def test_a_large_written_view_advises_only_its_whole_huge_pages():
     big = 2 << 20
-    buffer = torch.zeros((24 << 20) // 4)  # 24 MB, mapped on its own
+    buffer = _fresh((24 << 20) // 4)
     start = buffer.data_ptr()
     first = -(-start // big) * big + big + 4096 * 3  # not on a 2 MB boundary
     offset = (first - start) // 4
@@ -87,7 +100,7 @@ def test_a_large_written_view_advises_only_its_whole_huge_pages():
 def test_an_expanded_output_advises_nothing_past_its_storage():
     """numel x 4 bytes is 16 MB, the storage 4 MB: only the storage's own pages."""
     big = 2 << 20
-    storage = torch.zeros((4 << 20) // 4)
+    storage = _fresh((4 << 20) // 4)
     y = storage.view(1, -1).expand(4, -1)
     past = [y.data_ptr() + y.nbytes - 4096 * k for k in (1, 2)] + \
         [storage.data_ptr() + storage.nbytes + 4096 * k for k in range(0, 512, 64)]
@@ -102,12 +115,12 @@ def test_an_expanded_output_advises_nothing_past_its_storage():
 
 def test_small_outputs_and_the_knob_leave_memory_alone(monkeypatch):
     x = torch.randn((hugepages.MIN_BYTES >> 2) - 1)  # just under the threshold
-    y = torch.empty_like(x)
+    y = _fresh(x.numel())
     _run(x, y)
     assert not _advised(y.data_ptr() + y.nbytes // 2)
     monkeypatch.setenv("TILEGEN_HUGEPAGES", "0")
     hugepages.madvise.cache_clear()
-    x, y = torch.randn(3 << 20), torch.empty(3 << 20)
+    x, y = torch.randn(3 << 20), _fresh(3 << 20)
     _run(x, y)
     assert not _advised(y.data_ptr() + y.nbytes // 2)
 
