@@ -85,7 +85,10 @@ def test_tilegen_matches_the_interpreter(interpreted):
     exec(compile(script.read_text(), str(script), "exec"), namespace)  # noqa: S102
     ours = namespace["run_all"]()
     assert reference["mode"] == "InterpretedFunction" and ours["mode"] == "JITFunction"
-    assert torch.equal(ours["dropout"], reference["dropout"])  # Philox, bit for bit
+    # Philox, bit for bit: the same lanes dropped; the kept ones are x / (1 - p), a
+    # division by a scalar, within 1.5 ulp (docs/triton.md) of the interpreter's IEEE one
+    assert torch.equal(ours["dropout"] == 0, reference["dropout"] == 0)
+    torch.testing.assert_close(ours["dropout"], reference["dropout"], rtol=1.8e-7, atol=0)
     assert torch.equal(ours["add"], reference["add"])
     for name in ("softmax", "matmul", "attention", "surface"):
         torch.testing.assert_close(ours[name], reference[name], rtol=1e-3, atol=1e-3)

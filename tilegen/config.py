@@ -40,6 +40,10 @@ TILEGEN_FUSED_ATTENTION  auto (default): softmax(q k^T ...) @ v runs as one bloc
                      any size; never: unfused
 TILEGEN_TRITON_DISABLE  1: the Triton backend's driver reports itself inactive, so Triton
                      does not pick tilegen (docs/triton.md); read when Triton asks
+TILEGEN_HUGEPAGES    1 (default): the Triton launcher asks for transparent huge pages
+                     (MADV_HUGEPAGE) under the large tensors a kernel writes, where Linux
+                     gives them only on request (tilegen/triton_backend/hugepages.py); 0:
+                     never. Read once, at the first launch
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -146,6 +150,11 @@ def load(target: str | None = None) -> Config:
                   verify=_flag("TILEGEN_VERIFY", False),
                   fused_attention=_choice("TILEGEN_FUSED_ATTENTION", ("auto", "always",
                                                                       "never")))
+
+
+def hugepages_allowed() -> bool:
+    """TILEGEN_HUGEPAGES: how the launcher treats memory, not a compile option."""
+    return _flag("TILEGEN_HUGEPAGES", True)
 
 
 def triton_disabled() -> bool:

@@ -91,7 +91,9 @@ def _one_sweep(e, stores: list[Op]) -> None:
     def chunk(index, width):
         for body, values in bodies:
             body(values, index, width)
-    e.chunks(stores[0].operands[1].type, chunk)
+    reads = [value for store in stores for value in (e.env[store.operands[1].id],
+                                                     *memory.store_reads(e, store))]
+    e.chunks(stores[0].operands[1].type, chunk, reads=reads)
 
 
 def _hazard(e, stores: list[Op]):

@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase, decompose_descriptor
 
 from .. import target as host
+from . import hugepages
 from .compiler import BACKEND_NAME
 from .grid import LAUNCH_FIELDS
 from .tileir import TileError
@@ -120,6 +121,9 @@ class TilegenLauncher:
         # the Python argument of each slot (not known with descriptors: several slots each)
         self.slot_args = None if descriptors else [
             position for position, kind in enumerate(self.kinds) if kind is not None]
+        # the arguments the kernel writes, advised huge pages when large (hugepages.py)
+        self.written = [] if self.slot_args is None else [
+            self.slot_args[param] for param in getattr(metadata, "tilegen_written_params", [])]
         # The common launch (no tensor descriptors, no bounds checks) packs its slots with
         # one precompiled struct: pointers and integers as u64, floats as f64.
         plain = not self.debug and not descriptors
@@ -205,6 +209,11 @@ class TilegenLauncher:
                 _set_bounds(status, bounds)
             slots.extend(trailing)
             params = struct.pack(f"<{LAUNCH_FIELDS}q{len(slots)}Q", *fields, *slots)
+        if self.written:
+            advise = hugepages.madvise()
+            if advise is not None:
+                for position in self.written:
+                    hugepages.advise(advise, args[position])
         if enter_hook is not None:
             enter_hook(launch_metadata)
         function.launch(params)

@@ -57,6 +57,39 @@ def splat_constant(ty: ir.Type, value, width: int) -> ir.Value:
     return VectorText(ir.VectorType(ty, width), f"splat ({constant})") if width else constant
 
 
+def is_all_true(value: ir.Value) -> bool:
+    """Whether `value` is the i1 splat constant true (an interior chunk's mask)."""
+    return isinstance(value, VectorText) and value.type.element == I1 and \
+        value.constant == f"splat ({ir.Constant(I1, 1)})"
+
+
+def scaled_reciprocal(b: ir.IRBuilder, divisor: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(s, r) with x / d = (x * s) * r, r = 1 / (d * s) rounded, for a scalar f32/f64 d:
+    `/` by a value uniform over a tile as two multiplies per lane (Triton's `/` is not
+    IEEE on its GPUs either: div.full.f32, ~2 ulp). x * s is exact (s a power of two)
+    unless it overflows or underflows where x / d does too, so the result is within 1.5
+    ulp: 0.5 for rounding the product, under 1 for r's rounding. s keeps d * s normal,
+    so r is neither subnormal nor infinite: 1 in the normal range, 1/4 above 2^(emax-1),
+    2^p below the least normal (0, inf and NaN come out as IEEE's)."""
+    ty = divisor.type
+    bits = 53 if isinstance(ty, ir.DoubleType) else 24
+    emax = 1023 if bits == 53 else 127
+    magnitude = b.call(_declare_fabs(b, ty), [divisor])
+    huge = b.fcmp_ordered(">=", magnitude, ir.Constant(ty, 2.0 ** (emax - 1)))
+    tiny = b.fcmp_ordered("<", magnitude, ir.Constant(ty, 2.0 ** (1 - emax)))
+    scale = b.select(huge, ir.Constant(ty, 0.25),
+                     b.select(tiny, ir.Constant(ty, 2.0 ** bits), ir.Constant(ty, 1.0)))
+    return scale, b.fdiv(ir.Constant(ty, 1.0), b.fmul(divisor, scale))
+
+
+def _declare_fabs(b: ir.IRBuilder, ty: ir.Type) -> ir.Function:
+    module = b.module
+    name = f"llvm.fabs.{type_suffix(ty)}"
+    existing = module.globals.get(name)
+    return existing if existing is not None else ir.Function(
+        module, ir.FunctionType(ty, [ty]), name)
+
+
 class VectorText(ir.Constant):
     """A vector constant written as LLVM's short forms (`splat (float 1.0)`, `undef`), not
     `<T v, T v, ...>`: a third of a kernel's IR text was vector constants, formatted

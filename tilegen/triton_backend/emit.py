@@ -19,11 +19,11 @@ threads, status, run (grid.LAUNCH_FIELDS), then the argument slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from . import bounds, fused_loads, memory, prefetch, shapes, shared_fills, tiles
+from . import bounds, fused_loads, interior, memory, prefetch, shapes, shared_fills, tiles
 from .analysis import axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
@@ -36,6 +36,7 @@ from .elementwise import (
     bf16_bits,
     of_width,
     scalar_type,
+    scaled_reciprocal,
     splat_constant,
     storage_type,
 )
@@ -144,6 +145,9 @@ class ProgramEmitter:
         # ops already emitted at an earlier place (a reduction run in an earlier one's
         # sweep, sibling_reductions.py): nothing is emitted where they stand
         self.emitted_early: set[int] = set()
+        # id() of lazy comparisons known true at every position the current sweep's trip
+        # reads (its interior, interior.py)
+        self.all_true: frozenset[int] = frozenset()
         args = [PTR, I32, I32, I32, I32, I32, I32, PTR, PTR]
         self.function = ir.Function(module, ir.FunctionType(ir.VoidType(), args),
                                     f"{program.name}.program")
@@ -294,7 +298,7 @@ class ProgramEmitter:
             return value
         out = self.alloc(value.type)
         self.chunks(value.type, lambda index, width: self.store_chunk(
-            out, index, self._evaluate(value, index, width)))
+            out, index, self._evaluate(value, index, width)), reads=(value,))
         return out
 
     def _keep(self, result: Value, lazy: Lazy):
@@ -334,6 +338,15 @@ class ProgramEmitter:
             return self.b.add(self.splat(base, width), lanes)
         if kind == "load":
             return memory.fused_load_chunk(self, lazy, index, width)
+        if kind == "map" and id(lazy) in self.all_true:
+            return splat_constant(I1, 1, width)
+        if kind in ("view", "broadcast") and self.all_true:
+            # read at other positions than the sweep's: nothing is known true there
+            saved, self.all_true = self.all_true, frozenset()
+            try:
+                return self._compute(lazy, index, width)
+            finally:
+                self.all_true = saved
         if kind in ("map", "addptr"):
             args = [self.load_chunk(v, index, width) for v in lazy.operands]
             if kind == "addptr":
@@ -419,11 +432,17 @@ class ProgramEmitter:
         self.b.position_at_end(after)
         return list(phis)
 
-    def chunks(self, type_: TileType, body) -> None:
-        """body(flat_index, width) over the chunks of a tile of `type_`."""
+    def chunks(self, type_: TileType, body, reads=()) -> None:
+        """body(flat_index, width) over the chunks of a tile of `type_`. `reads`: every
+        value the body reads at those positions; edge comparisons among them are folded
+        where the chunk lies inside the tile's interior (interior.py)."""
         width = chunk_width(type_)
-        self.loop(type_.numel // width,
-                  lambda i: body(self.b.mul(i, ir.Constant(I64, width)), width))
+        count = type_.numel // width
+        if reads and count >= interior.MIN_TRIPS:
+            interior.counted(self, reads, type_, 0, count, width, width, [], lambda i, _: (
+                body(self.b.mul(i, ir.Constant(I64, width)), width), [])[1])
+            return
+        self.loop(count, lambda i: body(self.b.mul(i, ir.Constant(I64, width)), width))
 
     def splat(self, value: ir.Value, width: int) -> ir.Value:
         if not width:
@@ -452,9 +471,25 @@ class ProgramEmitter:
         sources = tuple(self.env[v.id] if v.type.shape else
                         Lazy(TileType(v.type.elem, result.type.shape), "splat",
                              payload=self.env[v.id]) for v in op.operands)
+        if op.name == "arith.divf" and result.type.elem in ("f32", "f64"):
+            divisor = _uniform(sources[1])
+            if divisor is not None:  # a reciprocal once, two multiplies per lane
+                self._keep(result, self._scaled_product(op, sources[0], divisor))
+                return
         own = 8 if op.name in _EXPENSIVE else 1
         self._keep(result, Lazy(result.type, "map", sources, op,
                                 cost=own + sum(_cost(s) for s in sources)))
+
+    def _scaled_product(self, op: Op, dividend, divisor: ir.Value) -> Lazy:
+        """`dividend / divisor` (a scalar) as (dividend * s) * r, elementwise.scaled_reciprocal.
+        tt.precise_divf (tl.div_rn) stays an IEEE division."""
+        scale, reciprocal = scaled_reciprocal(self.b, divisor)
+        multiply = replace(op, name="arith.mulf")
+        type_ = op.result.type
+        scaled = Lazy(type_, "map", (dividend, Lazy(type_, "splat", payload=scale)), multiply,
+                      cost=1 + _cost(dividend))
+        return Lazy(type_, "map", (scaled, Lazy(type_, "splat", payload=reciprocal)),
+                    multiply, cost=1 + scaled.cost)
 
     def _view(self, op: Op) -> None:
         source = self.env[op.operands[0].id]
@@ -537,6 +572,15 @@ class ProgramEmitter:
             return self.block(block)
         finally:
             self.region_width = saved
+
+
+def _uniform(value) -> ir.Value | None:
+    """The scalar a tile holds at every position (a splat or a constant), or None."""
+    if not isinstance(value, Lazy) or value.kind not in ("splat", "const"):
+        return None
+    if value.kind == "splat":
+        return value.payload
+    return ir.Constant(scalar_type(value.type.elem), value.payload)
 
 
 def _cost(value) -> int:

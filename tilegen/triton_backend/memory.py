@@ -17,6 +17,7 @@ from .elementwise import (
     I32,
     I64,
     PTR,
+    is_all_true,
     of_width,
     scalar_type,
     splat_constant,
@@ -119,6 +120,8 @@ def load(e, op) -> None:
             e.check_bounds(op, address, lane_mask, width, align, contiguous=True)
             if e.streams.streams(op, pointer, result.type):
                 prefetch.ahead(e, address)
+            else:
+                _next_trip(e, op, pointer, result.type, address)
             raw = contiguous_read(address, lane_mask, passthru, vector_ty)
         else:
             chunk = e.load_chunk(addresses, index, width)
@@ -143,14 +146,15 @@ def load(e, op) -> None:
         _transposing_load(e, result.type, out, addresses, masks, others, memory_ty, align,
                           contiguous_read, elem)
     else:
-        e.chunks(result.type, body)
+        e.chunks(result.type, body, reads=tuple(
+            value for value in (addresses, masks, others) if value is not None))
     e.env[result.id] = out
 
 
 def vector_load(e, address, lane_mask, passthru, vector_ty, align: int) -> ir.Value:
     """A contiguous vector read from `address`, under `lane_mask` if there is one."""
     first = e.b.inttoptr(address, PTR)
-    if lane_mask is None:
+    if lane_mask is None or is_all_true(lane_mask):
         return e.b.load(first, typ=vector_ty, align=align)
     function = e.ew.declare(f"llvm.masked.load.{type_suffix(vector_ty)}.p0",
                             vector_ty, [PTR, I32, lane_mask.type, vector_ty])
@@ -187,14 +191,23 @@ def fused_load_chunk(e, lazy, index: ir.Value, width: int) -> ir.Value:
     # once per chunk: a sweep that evaluates the load for several readers (fills, sibling
     # reductions) reads it again, which LLVM merges, but a prefetch is a call it keeps
     once = (id(op), index, width, id(e.b.block))
-    if width and once not in e.prefetched and e.streams.streams(op, op.operands[0],
-                                                                 op.result.type):
+    if width and once not in e.prefetched:
         e.prefetched.add(once)
-        prefetch.ahead(e, address)
+        if e.streams.streams(op, op.operands[0], op.result.type):
+            prefetch.ahead(e, address)
+        else:
+            _next_trip(e, op, op.operands[0], op.result.type, address)
     raw = vector_load(e, address, lane_mask, passthru, vector_ty, align)
     if not width:
         raw = e.b.extract_element(raw, ir.Constant(I32, 0))
     return _to_value(e, raw, elem)
+
+
+def _next_trip(e, op, pointer, type_, address) -> None:
+    """Prefetch the chunk the loop's next trip reads here (prefetch.Streams.next_trip)."""
+    distance = e.streams.next_trip(e, op, pointer, type_)
+    if distance is not None:
+        prefetch.ahead(e, address, distance=distance)
 
 
 def _put(e, out, index, value) -> None:
@@ -279,7 +292,8 @@ def store(e, op) -> None:
         return
     body = store_chunk_body(e, op)
     fused_loads.guarded_store(e, op, lambda values: e.chunks(
-        value.type, lambda index, width: body(values, index, width)))
+        value.type, lambda index, width: body(values, index, width),
+        reads=(values, *store_reads(e, op))))
 
 
 def _scalar_store(e, op) -> None:
@@ -297,6 +311,11 @@ def _scalar_store(e, op) -> None:
             e.b.store(data, e.b.inttoptr(address, PTR), align=align)
 
 
+def store_reads(e, op) -> tuple:
+    """What a store's chunks read besides its value: its pointer and mask tiles."""
+    return tuple(e.env[operand.id] for operand in (op.operands[0], *op.operands[2:3]))
+
+
 def store_chunk_body(e, op):
     """body(values, index, width): the store of a tile's chunk at flat `index`, its data
     read from `values` (the stored value's lazy or tile)."""
@@ -312,7 +331,7 @@ def store_chunk_body(e, op):
 
     def vector_store(address, lane_mask, data, vector_ty):
         first = e.b.inttoptr(address, PTR)
-        if lane_mask is None:
+        if lane_mask is None or is_all_true(lane_mask):
             e.b.store(data, first, align=align)
             return
         function = e.ew.declare(f"llvm.masked.store.{type_suffix(vector_ty)}.p0",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from . import interior
 from .elementwise import I64, of_width, scalar_type
 from .tileir import Op, TileType
 
@@ -197,11 +198,12 @@ class Accumulators:
         else:
             accs = [e.b.load(slot) for slot in slots]
             begin = 0
-        if fold.groups > begin:
-            accs = e.counted_loop(
-                ir.Constant(I64, begin), ir.Constant(I64, fold.groups), ir.Constant(I64, 1),
-                accs, lambda group, carried: [combine(acc, chunk) for acc, chunk in
-                                              zip(carried, chunks(group), strict=True)])
+        if fold.groups > begin:  # interior groups with their edge masks folded
+            accs = interior.counted(
+                e, [value], value.type, begin, fold.groups, fold.step,
+                max(fold.starts) + fold.width, accs,
+                lambda group, carried: [combine(acc, chunk) for acc, chunk in
+                                        zip(carried, chunks(group), strict=True)])
         for slot, acc in zip(slots, accs, strict=True):
             e.b.store(acc, slot)
 

@@ -11,6 +11,7 @@ from .. import target as host
 from ..gcpause import collector_paused
 from .emit import ProgramEmitter
 from .grid import emit_launcher
+from .hugepages import written_params
 from .program_order import program_period
 from .tileir import Program, TileError, format_program
 from .ttir_import import import_module
@@ -67,6 +68,7 @@ def tile_to_llvm(text: TileText, metadata, options) -> str:
     metadata["tilegen_check_sites"] = emitter.check_sites
     metadata["tilegen_program_period"] = program_period(program)
     metadata["tilegen_disjoint_params"] = sorted(emitter.disjoint_params)
+    metadata["tilegen_written_params"] = written_params(program)
     return str(module)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import branch_stores, dot_operands, kloop, partials, sibling_reductions
+from . import branch_stores, dot_operands, interior, kloop, partials, sibling_reductions
 from .elementwise import I32, I64, PTR, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType, element_bytes
 
@@ -157,7 +157,12 @@ def fold_row(e, sources, base, extent: int, width: int, combine) -> list:
         values = chunks(e.b.add(base, e.b.mul(j, _const(group))))
         return [value for c in range(chains) for value in combine(
             accs[c * arity:(c + 1) * arity], values[c * arity:(c + 1) * arity])]
-    accs = e.counted_loop(_const(1), _const(count // chains), _const(1), chunks(base), step)
+    firsts = chunks(base)
+    if len(sources[0].type.shape) == 1:  # base is 0: interior trips unmasked (interior.py)
+        accs = interior.counted(e, sources, sources[0].type, 1, count // chains, group,
+                                group, firsts, step)
+    else:
+        accs = e.counted_loop(_const(1), _const(count // chains), _const(1), firsts, step)
     parts = [accs[c * arity:(c + 1) * arity] for c in range(chains)]
     while len(parts) > 1:
         parts = [combine(parts[k], parts[k + 1]) for k in range(0, len(parts), 2)]
