@@ -12,6 +12,7 @@ from types import ModuleType
 from triton._C.libtriton import ir, passes
 from triton.backends.compiler import BaseBackend, GPUTarget, Language
 
+from ..config import triton_amx
 from .tileir import TileError
 
 BACKEND_NAME = "tilegen"
@@ -38,11 +39,15 @@ class TilegenOptions:
     fpsan_homomorphic_casts: bool = False
     supported_fp8_dtypes: tuple[str, ...] = ()
     deprecated_fp8_dot_operand_dtypes: tuple[str, ...] = ()
-    # tf32 and the split-precision modes are computed as exact fp32 (ieee).
+    # A dot without input_precision is tf32 (tl.dot's default when the backend allows it):
+    # on AMX as bf16x3, else exact fp32 (amx_dot.py). This default is for other callers.
     default_dot_input_precision: str = "ieee"
     allowed_dot_input_precisions: tuple[str, ...] = ("ieee", "tf32", "tf32x3", "bf16x3",
                                                      "bf16x6")
     max_num_imprecise_acc_default: int = 0
+    # TILEGEN_TRITON_AMX (tilegen/config.py): `auto` or `off`; an option, so the key of
+    # Triton's cache tells the two kinds of code apart.
+    amx_dot: str = "auto"
 
     def hash(self) -> str:
         key = "_".join(f"{name}-{value}" for name, value in sorted(self.__dict__.items()))
@@ -65,6 +70,7 @@ class TilegenBackend(BaseBackend):
         args = {k: v for k, v in options.items() if k in fields and v is not None}
         args["arch"] = str(self.target.arch)
         args["supported_fp8_dtypes"] = ()
+        args.setdefault("amx_dot", triton_amx())
         if "extern_libs" in args:
             args["extern_libs"] = tuple(dict(args["extern_libs"]).items())
         return TilegenOptions(**args)

@@ -111,6 +111,8 @@ class TilegenLauncher:
         self.check_sites = list(getattr(metadata, "tilegen_check_sites", []))
         self.program_period = int(getattr(metadata, "tilegen_program_period", 0))
         self.debug = bool(getattr(metadata, "debug", False))
+        if getattr(metadata, "tilegen_amx", False):
+            _tile_data(metadata.name)
         self.local = threading.local()
         # Pairs of tensor parameters whose storages must not overlap for the kernel's
         # packed-panel caches to be used (panel_cache.py): the launcher checks them and
@@ -396,3 +398,13 @@ class TilegenDriver(DriverBase):
 
     def clear_cache(self, cache) -> None:
         cache.zero_()
+
+
+def _tile_data(name: str) -> None:
+    """Ask Linux for AMX tile data before a kernel with AMX dots (amx_dot.py) first runs: a
+    kernel from Triton's disk cache was compiled by another process, and a tile
+    instruction without the permission dies of SIGILL."""
+    granted, why = host.amx_tile_permission()
+    if not granted:
+        raise TileError(f"kernel `{name}` runs tt.dot on AMX tiles, but {why}; "
+                        "TILEGEN_TRITON_AMX=0 compiles it without them")

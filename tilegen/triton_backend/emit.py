@@ -23,7 +23,17 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from . import bounds, fused_loads, interior, memory, prefetch, shapes, shared_fills, tiles
+from . import (
+    amx_dot,
+    bounds,
+    fused_loads,
+    interior,
+    memory,
+    prefetch,
+    shapes,
+    shared_fills,
+    tiles,
+)
 from .analysis import axis_strides
 from .elementwise import (
     ELEMENTWISE_OPS,
@@ -103,10 +113,15 @@ def chunk_width(type_: TileType) -> int:
 
 
 class ProgramEmitter:
-    def __init__(self, program: Program, module: ir.Module, debug: bool = False):
+    def __init__(self, program: Program, module: ir.Module, debug: bool = False,
+                 amx_mode: str = "off"):
         self.program = program
         self.module = module
         self.debug = debug
+        # dots on AMX tiles (amx_dot.py): TILEGEN_TRITON_AMX, and whether this host may
+        self.amx_mode = amx_mode
+        self.amx = amx_dot.available(amx_mode)
+        self.uses_amx = False  # set by the first AMX dot emitted: the launcher asks Linux
         self.ew = Elementwise(module)
         self.axis_strides = axis_strides(program)
         # the last axis's stride of each integer and pointer tile (loads and stores)

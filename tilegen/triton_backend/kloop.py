@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from . import panel_cache
+from . import amx_dot, panel_cache
 from .tileir import FLOAT_ELEMS, Op, TileType, element_bytes
 
 I64 = ir.IntType(64)
@@ -134,6 +134,8 @@ class DeferredDot:
     loaded_packed: frozenset = frozenset()  # operand ids whose loads fill the packs
     cache: panel_cache.PanelCache | None = None  # b's panels kept for the next program
     groups_done: ir.Value | None = None  # i64 alloca: flushes so far (with a cache)
+    amx: amx_dot.Layout | None = None  # the packs of a dot on AMX tiles (amx_dot.py)
+    kept: object = None  # the AMX kernel's scratch (a frame Tile)
 
 
 def start(e, loop: Op, op: Op, accumulator, context=None) -> DeferredDot:
@@ -146,21 +148,31 @@ def start(e, loop: Op, op: Op, accumulator, context=None) -> DeferredDot:
     m, depth = a_value.type.shape
     n = b_value.type.shape[-1]
     elem = op.result.type.elem
-    target = host_target()
-    nr, mr = register_block(m, n, target.lanes("f32" if elem == "f32" else "f64"),
-                            target.vector_registers)
-    kc = min(DEPTH, PANEL_BYTES // (nr * element_bytes(elem)))
-    group = max(1, kc // depth)
-    panels = -(-n // nr)
-    pack_a = e.alloc(TileType(elem, (m, group * depth)))
     slots, bounds, advancing = context if context is not None else ((), (), {})
     reuse = panel_cache.static_conditions(e, loop, op, advancing) if context else None
-    group_bytes = panels * group * depth * nr * element_bytes(elem)
-    groups = panel_cache.groups_held(group_bytes) if reuse else 1
-    pack_b = e.alloc(TileType(elem, (groups * panels, group * depth, nr)))
+    terms = amx_dot.terms_of(op, e.amx_mode) if e.amx else None
+    if terms is not None:
+        lay = amx_dot.layout(op, terms)
+        group, nr, mr = lay.group, lay.nr, lay.mr
+        pack_a = e.alloc(lay.pack_a_type())
+        groups = panel_cache.groups_held(lay.panels * lay.panel_elements * 2) if reuse else 1
+        pack_b = e.alloc(lay.pack_b_type(groups))
+    else:
+        target = host_target()
+        nr, mr = register_block(m, n, target.lanes("f32" if elem == "f32" else "f64"),
+                                target.vector_registers)
+        kc = min(DEPTH, PANEL_BYTES // (nr * element_bytes(elem)))
+        group = max(1, kc // depth)
+        panels = -(-n // nr)
+        pack_a = e.alloc(TileType(elem, (m, group * depth)))
+        group_bytes = panels * group * depth * nr * element_bytes(elem)
+        groups = panel_cache.groups_held(group_bytes) if reuse else 1
+        pack_b = e.alloc(TileType(elem, (groups * panels, group * depth, nr)))
     counter = e.entry_alloca(I64)
     e.b.store(_const(0), counter)
     plan = DeferredDot(op, accumulator, pack_a, pack_b, counter, group, nr, mr)
+    if terms is not None:
+        plan = replace(plan, amx=lay, kept=e.alloc(lay.kept_type()))
     if reuse:
         cache = panel_cache.begin(e, reuse, slots, bounds, group, groups)
         groups_done = e.entry_alloca(I64)
@@ -198,6 +210,15 @@ def _sink(e, plan: DeferredDot, is_a: bool):
     source = (a_value if is_a else b_value).type.elem
     elem = plan.op.result.type.elem
 
+    def store_amx(index, chunk):
+        slot = e.b.load(plan.counter)
+        if is_a:
+            row, column = e.b.udiv(index, _const(depth)), e.b.urem(index, _const(depth))
+            amx_dot.store_a(e, plan.amx, plan.pack_a, slot, row, column, chunk, source)
+            return
+        kk, j = e.b.udiv(index, _const(n)), e.b.urem(index, _const(n))
+        amx_dot.store_b(e, plan.amx, plan.pack_b, _b_base(e, plan), slot, kk, j, chunk, source)
+
     def store(index, chunk):
         if source != elem:
             chunk = e.ew.emit(e.b, "arith.extf", (), [chunk], [source], elem)
@@ -212,7 +233,7 @@ def _sink(e, plan: DeferredDot, is_a: bool):
         row = e.b.add(e.b.add(e.b.mul(panel, _const(kc)), column0), kk)
         at = e.b.add(e.b.mul(row, _const(plan.nr)), lane)
         e.store_chunk(plan.pack_b, e.b.add(_b_base(e, plan), at), chunk)
-    return store
+    return store_amx if plan.amx is not None else store
 
 
 def _b_base(e, plan: DeferredDot) -> ir.Value:
@@ -221,8 +242,9 @@ def _b_base(e, plan: DeferredDot) -> ir.Value:
         return _const(0)
     n = plan.op.operands[1].type.shape[-1]
     kc = plan.group * plan.op.operands[0].type.shape[1]
-    return panel_cache.group_base(e, plan.cache, plan.groups_done,
-                                  -(-n // plan.nr) * kc * plan.nr)
+    elements = -(-n // plan.nr) * kc * plan.nr if plan.amx is None else \
+        plan.amx.panels * plan.amx.panel_elements
+    return panel_cache.group_base(e, plan.cache, plan.groups_done, elements)
 
 
 def add(e, plan: DeferredDot, op: Op) -> None:
@@ -245,6 +267,20 @@ def add(e, plan: DeferredDot, op: Op) -> None:
     column0 = e.b.mul(slot, _const(depth))
     b_base = _b_base(e, plan)
 
+    def pack_a_row_amx(row):
+        source = e.b.mul(row, _const(depth))
+        for part in range(0, depth, a_width):
+            chunk = e.load_chunk(a, e.b.add(source, _const(part)), a_width)
+            amx_dot.store_a(e, plan.amx, plan.pack_a, slot, row, _const(part), chunk,
+                            a_value.type.elem)
+
+    def pack_b_row_amx(kk):
+        source = e.b.mul(kk, _const(n))
+        for part in range(0, n, b_width):
+            chunk = e.load_chunk(b, e.b.add(source, _const(part)), b_width)
+            amx_dot.store_b(e, plan.amx, plan.pack_b, b_base, slot, kk, _const(part), chunk,
+                            b_value.type.elem)
+
     def pack_a_row(row):
         source = e.b.mul(row, _const(depth))
         target = e.b.add(e.b.mul(row, _const(kc)), column0)
@@ -263,6 +299,8 @@ def add(e, plan: DeferredDot, op: Op) -> None:
                                   e.b.add(source, _const(p * plan.nr + part)), b_width)
                 e.store_chunk(plan.pack_b, e.b.add(target, _const(part)), chunk)
 
+    if plan.amx is not None:
+        pack_a_row, pack_b_row = pack_a_row_amx, pack_b_row_amx
     if a_value.id not in plan.loaded_packed:
         e.loop(m, pack_a_row, unroll=False)
     if b_value.id not in plan.loaded_packed:
@@ -275,7 +313,7 @@ def add(e, plan: DeferredDot, op: Op) -> None:
     full = e.b.icmp_signed("==", packed, _const(plan.group))
     with e.b.if_else(full) as (then, otherwise):
         with then:
-            _flush(e, plan, _const(kc))
+            _flush(e, plan, _const(plan.group))
             e.b.store(_const(0), plan.counter)
             if plan.groups_done is not None:
                 e.b.store(e.b.add(e.b.load(plan.groups_done), _const(1)), plan.groups_done)
@@ -286,19 +324,24 @@ def add(e, plan: DeferredDot, op: Op) -> None:
 
 def finish(e, plan: DeferredDot) -> None:
     """After the loop: the trips packed since the last flush."""
-    depth = plan.op.operands[0].type.shape[1]
     slot = e.b.load(plan.counter)
     with e.b.if_then(e.b.icmp_signed(">", slot, _const(0))):
-        _flush(e, plan, e.b.mul(slot, _const(depth)))
+        _flush(e, plan, slot)
     if plan.cache is not None:
         panel_cache.end(e, plan.cache)
 
 
-def _flush(e, plan: DeferredDot, kc: ir.Value) -> None:
+def _flush(e, plan: DeferredDot, trips: ir.Value) -> None:
+    """acc += the product of the `trips` trips packed."""
     from .. import loopir as L
     from ..micro_kernel import micro_kernel_function
 
+    if plan.amx is not None:
+        amx_dot.flush(e, plan.amx, (plan.pack_a, plan.pack_b, plan.kept, plan.accumulator),
+                      trips, _b_base(e, plan))
+        return
     op = plan.op
+    kc = e.b.mul(trips, _const(op.operands[0].type.shape[1]))
     m, depth = op.operands[0].type.shape
     n = op.operands[1].type.shape[-1]
     elem = op.result.type.elem

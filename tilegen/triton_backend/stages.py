@@ -60,7 +60,8 @@ def tile_to_llvm(text: TileText, metadata, options) -> str:
         raise TileError("the ttile stage cannot be parsed back; compile from the kernel")
     module = ir.Module(name=program.name)
     module.triple = host.host_target().triple
-    emitter = ProgramEmitter(program, module, debug=bool(options.debug))
+    emitter = ProgramEmitter(program, module, debug=bool(options.debug),
+                             amx_mode=getattr(options, "amx_dot", "auto"))
     function = emitter.emit()
     emit_launcher(module, function, program.name, tuple(emitter.launch_resets))
     metadata["shared"] = 0
@@ -69,6 +70,7 @@ def tile_to_llvm(text: TileText, metadata, options) -> str:
     metadata["tilegen_program_period"] = program_period(program)
     metadata["tilegen_disjoint_params"] = sorted(emitter.disjoint_params)
     metadata["tilegen_written_params"] = written_params(program)
+    metadata["tilegen_amx"] = emitter.uses_amx  # the launcher asks Linux for tile data
     return str(module)
 
 

@@ -312,6 +312,9 @@ def _attributes(name: str, handle, line: str, results) -> tuple[tuple[str, objec
                 ("true_count", true_count))
     if name == "tt.histogram":
         return ()
+    if name == "tt.dot":  # ieee, Triton's default attribute value, is not printed
+        precision = re.search(r"inputPrecision = (\w+)", body)
+        return (("input_precision", precision.group(1) if precision else "ieee"),)
     return ()
 
 
