@@ -45,8 +45,8 @@ class TilegenOptions:
     allowed_dot_input_precisions: tuple[str, ...] = ("ieee", "tf32", "tf32x3", "bf16x3",
                                                      "bf16x6")
     max_num_imprecise_acc_default: int = 0
-    # TILEGEN_TRITON_AMX (tilegen/config.py): `auto` or `off`; an option, so the key of
-    # Triton's cache tells the two kinds of code apart.
+    # TILEGEN_TRITON_AMX (tilegen/config.py), `off` where this host may not use AMX: an
+    # option, so the key of Triton's cache tells the kinds of code apart.
     amx_dot: str = "auto"
 
     def hash(self) -> str:
@@ -70,7 +70,10 @@ class TilegenBackend(BaseBackend):
         args = {k: v for k, v in options.items() if k in fields and v is not None}
         args["arch"] = str(self.target.arch)
         args["supported_fp8_dtypes"] = ()
-        args.setdefault("amx_dot", triton_amx())
+        if "amx_dot" not in args:  # what this host allows, so the key tells them apart
+            from .amx_dot import available
+            mode = triton_amx()
+            args["amx_dot"] = mode if available(mode) else "off"
         if "extern_libs" in args:
             args["extern_libs"] = tuple(dict(args["extern_libs"]).items())
         return TilegenOptions(**args)

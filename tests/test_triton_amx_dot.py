@@ -1,0 +1,327 @@
+"""`tt.dot` on AMX tiles (tilegen/triton_backend/amx_dot.py): bf16 dots as they are, f32
+dots of input_precision tf32/tf32x3/bf16x3 as bf16x3, f16 dots (TILEGEN_TRITON_AMX=fp16) as
+an exact four-term split; ieee and the knob off stay on the f32 FMA kernel.
+
+The references are float64 products of the kernel's inputs; each tolerance is the error
+bound of the computation (amx_dot.py's docstring), times Σ_k |a_ik| |b_kj|:
+- the f32 accumulation: at most one rounding (2^-24) per product term added;
+- bf16x3: per product 3 x 2^-16 (the two lo roundings and the dropped lo x lo).
+A dot that ran on bf16 hi parts alone (2^-8) or dropped a term fails them by far."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+import tilegen.triton_backend  # noqa: E402
+from tilegen.triton_backend import amx_dot  # noqa: E402
+
+tilegen.triton_backend.register()
+
+UNIT = 2.0 ** -24  # f32's unit roundoff
+
+
+def amx_usable() -> bool:
+    return amx_dot.available("auto")
+
+
+needs_amx = pytest.mark.skipif(not amx_usable(), reason="no AMX-BF16, or Linux refused "
+                               "this process tile data (gemm_bf16.amx_usable)")
+
+
+@pytest.fixture
+def always_compile(monkeypatch):
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+
+
+@triton.jit
+def kloop_matmul(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                 stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+                 EPILOGUE: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < K - k * BLOCK_K),
+                    other=0.0)
+        b = tl.load(b_ptrs, mask=(rk[:, None] < K - k * BLOCK_K) & (rn[None, :] < N),
+                    other=0.0)
+        if PRECISION == "default":
+            acc = tl.dot(a, b, acc)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if EPILOGUE:  # a bias row and leaky relu, fused after the loop
+        acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0)[None, :]
+        acc = tl.where(acc >= 0, acc, 0.01 * acc)
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=c_mask)
+
+
+def run(a, b, blocks, precision="default", epilogue=False, kernel=kloop_matmul, bias=None):
+    m, k = a.shape
+    n = b.shape[1]
+    block_m, block_n, block_k = blocks
+    c = torch.full((m, n), float("nan"))
+    bias = torch.zeros(n) if bias is None else bias
+    handle = kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+        a, b, bias, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, EPILOGUE=epilogue)
+    return c, handle.asm
+
+
+def reference(a, b, bias=None, epilogue=False):
+    """(float64 a @ b with the epilogue, float64 |a| @ |b|)."""
+    exact = a.double() @ b.double()
+    if epilogue:
+        exact = exact + bias.double()[None, :]
+        exact = torch.where(exact >= 0, exact, 0.01 * exact)
+    return exact, a.double().abs() @ b.double().abs()
+
+
+def check_within(c, a, b, per_product: float, terms: int, bias=None, epilogue=False):
+    k = a.shape[1]
+    exact, magnitude = reference(a, b, bias, epilogue)
+    # the bias add (one rounding of the sum) and the epilogue's scaling (0.01 x: one more)
+    bound = (per_product + (terms * k + 2) * UNIT) * magnitude * 1.01
+    if epilogue:
+        bound = bound + 2 * UNIT * (exact.abs() + bias.double().abs()[None, :])
+    error = (c.double() - exact).abs()
+    assert torch.isfinite(c).all()
+    worst = (error / bound).max().item()
+    assert worst <= 1.0, f"error {worst:.3g} x the bound"
+    return worst
+
+
+SHAPES = [  # (m, n, k, (BLOCK_M, BLOCK_N, BLOCK_K)): masks on every edge
+    (83, 97, 171, (32, 32, 32)),
+    (45, 77, 203, (64, 64, 16)),   # a trip of 16 depths: flushes padded to 32
+    (19, 13, 37, (16, 16, 32)),    # one tile row and column of C, ragged
+    (130, 70, 300, (128, 64, 64)),
+]
+
+
+@needs_amx
+@pytest.mark.parametrize("m,n,k,blocks", SHAPES)
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_bf16_dot_has_exact_products(m, n, k, blocks, epilogue):
+    generator = torch.Generator().manual_seed(m * n + k)
+    a = torch.randn(m, k, generator=generator).bfloat16()
+    b = torch.randn(k, n, generator=generator).bfloat16()
+    bias = torch.randn(n, generator=generator)
+    c, asm = run(a, b, blocks, epilogue=epilogue, bias=bias)
+    assert "tdpbf16ps" in asm["llir"]
+    check_within(c, a, b, 0.0, 1, bias, epilogue)
+
+
+@needs_amx
+@pytest.mark.parametrize("m,n,k,blocks", SHAPES)
+@pytest.mark.parametrize("precision", ["default", "tf32", "tf32x3", "bf16x3"])
+def test_f32_dot_as_bf16x3(m, n, k, blocks, precision):
+    generator = torch.Generator().manual_seed(m + n * k)
+    a = torch.randn(m, k, generator=generator)
+    b = torch.randn(k, n, generator=generator)
+    c, asm = run(a, b, blocks, precision)
+    assert "tdpbf16ps" in asm["llir"]
+    check_within(c, a, b, 3 * 2.0 ** -16, 3)
+    if precision == "default":  # tl.dot's default on f32 is tf32 (the backend allows it)
+        assert "inputPrecision = tf32" in asm["ttir"]
+
+
+@needs_amx
+def test_f32_dot_epilogue_and_wide_range():
+    """Operands over many binades (the split is relative) with the fused epilogue."""
+    generator = torch.Generator().manual_seed(3)
+    m, n, k = 70, 90, 150
+    scale_a = torch.exp2(torch.randint(-20, 20, (m, k), generator=generator).float())
+    scale_b = torch.exp2(torch.randint(-20, 20, (k, n), generator=generator).float())
+    a = torch.randn(m, k, generator=generator) * scale_a
+    b = torch.randn(k, n, generator=generator) * scale_b
+    bias = torch.randn(n, generator=generator)
+    c, asm = run(a, b, (32, 64, 32), epilogue=True, bias=bias)
+    assert "tdpbf16ps" in asm["llir"]
+    check_within(c, a, b, 3 * 2.0 ** -16, 3, bias, epilogue=True)
+
+
+@needs_amx
+@pytest.mark.parametrize("m,n,k,blocks", SHAPES[:3])
+def test_f16_dot_split_exactly(monkeypatch, always_compile, m, n, k, blocks):
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", "fp16")
+    generator = torch.Generator().manual_seed(k)
+    a = torch.randn(m, k, generator=generator).half()
+    b = torch.randn(k, n, generator=generator).half()
+    c, asm = run(a, b, blocks, kernel=triton.jit(kloop_matmul.fn))
+    assert "tdpbf16ps" in asm["llir"]
+    check_within(c, a, b, 0.0, 4, None)
+
+
+@needs_amx
+@pytest.mark.parametrize("blocks", [(32, 32, 32), (16, 64, 16)])
+def test_f16_products_are_exact(monkeypatch, always_compile, blocks):
+    """One product per output (b has one nonzero a column, at a random depth): the f32
+    result is that product of two 11-bit significands, exact, so any term the split lost
+    (lo x lo: at most 2^-16 of it) shows."""
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", "fp16")
+    generator = torch.Generator().manual_seed(blocks[1])
+    m, n, k = 45, 77, 53
+    a = (torch.rand(m, k, generator=generator) * 2 + 1).half()  # full significands
+    a = a * torch.where(torch.rand(m, k, generator=generator) < 0.5, -1, 1).half()
+    b = torch.zeros(k, n, dtype=torch.float16)
+    depths = torch.randint(0, k, (n,), generator=generator)
+    b[depths, torch.arange(n)] = (torch.rand(n, generator=generator) * 2 + 1).half()
+    c, asm = run(a, b, blocks, kernel=triton.jit(kloop_matmul.fn))
+    assert "tdpbf16ps" in asm["llir"]
+    assert torch.equal(c.double(), a.double() @ b.double())
+
+
+@needs_amx
+def test_f16_dot_stays_on_the_fma_kernel_by_default():
+    generator = torch.Generator().manual_seed(8)
+    a = torch.randn(40, 50, generator=generator).half()
+    b = torch.randn(50, 60, generator=generator).half()
+    c, asm = run(a, b, (32, 32, 16))
+    assert "tdpbf16ps" not in asm["llir"]
+    check_within(c, a, b, 0.0, 1)
+
+
+def test_every_f16_is_a_bf16_hi_plus_lo():
+    """The split's arithmetic over all 65536 f16 values: hi = bf16(x), lo = bf16(x - hi)
+    (x - hi computed in f32), and hi + lo == x exactly for every finite x."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    x = x[torch.isfinite(x)]
+    assert x.numel() == 65536 - 2048  # all but the 2046 NaNs and the two infinities
+    wide = x.float()
+    hi = wide.bfloat16()
+    rest = wide - hi.float()
+    lo = rest.bfloat16()
+    assert torch.equal(lo.float(), rest)  # the remainder is a bf16 already
+    assert torch.equal(hi.double() + lo.double(), x.double())
+
+
+@needs_amx
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_the_kernels_f16_split_is_exact_for_every_f16(monkeypatch, always_compile, side):
+    """The kernel's own split: all finite f16 values against an identity, so each output is
+    hi + lo of one input (hi x 1 + lo x 1 + hi x 0 + lo x 0), which must be the input."""
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", "fp16")
+    values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    values = values.view(torch.float16).reshape(256, 256)
+    values = torch.where(torch.isfinite(values), values, torch.zeros_like(values))
+    identity = torch.eye(256, dtype=torch.float16)
+    a, b = (values, identity) if side == "a" else (identity, values)
+    c, asm = run(a, b, (64, 64, 32), kernel=triton.jit(kloop_matmul.fn))
+    assert "tdpbf16ps" in asm["llir"]
+    assert torch.equal(c, values.float())
+
+
+@needs_amx
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_the_kernels_f32_split_is_hi_plus_lo(side):
+    """bf16x3 against an identity gives hi + lo of each input: the split as torch computes
+    it (round to nearest even), for f32 values over a wide range of binades."""
+    generator = torch.Generator().manual_seed(11)
+    values = torch.randn(96, 96, generator=generator) * torch.exp2(
+        torch.randint(-60, 60, (96, 96), generator=generator).float())
+    hi = values.bfloat16().float()
+    split = hi + (values - hi).bfloat16().float()
+    identity = torch.eye(96)
+    a, b = (values, identity) if side == "a" else (identity, values)
+    c, asm = run(a, b, (32, 32, 32))
+    assert "tdpbf16ps" in asm["llir"]
+    assert torch.equal(c, split)
+    assert not torch.equal(c, values)  # a split that kept all of f32 would be another path
+
+
+@pytest.mark.parametrize("blocks", [(32, 32, 32), (64, 64, 16)])
+def test_ieee_is_the_fma_kernel(monkeypatch, always_compile, blocks):
+    """input_precision="ieee" compiles to the code of the knob off, bit for bit the same
+    results, with no tile instruction."""
+    generator = torch.Generator().manual_seed(2)
+    a = torch.randn(83, 171, generator=generator)
+    b = torch.randn(171, 97, generator=generator)
+    c, asm = run(a, b, blocks, "ieee")
+    assert "tdpbf16ps" not in asm["llir"] and "x86_amx" not in asm["llir"]
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", "0")
+    off, _ = run(a, b, blocks, "ieee", kernel=triton.jit(kloop_matmul.fn))
+    assert torch.equal(c, off)
+    check_within(c, a, b, 0.0, 1)
+
+
+@pytest.mark.parametrize("raw", ["0", "off"])
+def test_knob_off_keeps_every_dot_on_the_fma_kernel(monkeypatch, always_compile, raw):
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", raw)
+    generator = torch.Generator().manual_seed(4)
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(45, 77, generator=generator).to(dtype)
+        b = torch.randn(77, 50, generator=generator).to(dtype)
+        c, asm = run(a, b, (32, 32, 32), kernel=triton.jit(kloop_matmul.fn))
+        assert "tdpbf16ps" not in asm["llir"]
+        check_within(c, a, b, 0.0, 1)
+
+
+def test_no_amx_where_the_host_may_not(monkeypatch, always_compile):
+    """Without tile data (or AMX-BF16) the knob's default takes the FMA kernel, silently:
+    the code must run on this machine."""
+    from tilegen import gemm_bf16
+    monkeypatch.setattr(gemm_bf16, "amx_usable", lambda target: (False, "refused"))
+    generator = torch.Generator().manual_seed(6)
+    a = torch.randn(45, 77, generator=generator)
+    b = torch.randn(77, 50, generator=generator)
+    c, asm = run(a, b, (32, 32, 32), kernel=triton.jit(kloop_matmul.fn))
+    assert "tdpbf16ps" not in asm["llir"]
+    check_within(c, a, b, 0.0, 1)
+
+
+def test_the_knob_is_an_option_of_the_compile(monkeypatch):
+    """TILEGEN_TRITON_AMX, `off` where the host may not use AMX, goes into the compile
+    options, so Triton's cache key covers it (a kernel compiled where tile data was refused
+    is not the one a process that has it finds)."""
+    from tilegen import config
+    from tilegen.triton_backend.compiler import TilegenBackend
+    from triton.backends.compiler import GPUTarget
+
+    backend = TilegenBackend(GPUTarget("tilegen", "host", 1))
+    hashes = set()
+    for raw, mode in (("", "auto"), ("1", "auto"), ("fp16", "fp16"), ("0", "off"),
+                      ("no", "off")):
+        monkeypatch.setenv("TILEGEN_TRITON_AMX", raw)
+        assert config.triton_amx() == mode
+        options = backend.parse_options({})
+        assert options.amx_dot == (mode if amx_usable() else "off")
+        hashes.add(options.hash())
+    assert len(hashes) == (3 if amx_usable() else 1)
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", "")
+    from tilegen import gemm_bf16
+    monkeypatch.setattr(gemm_bf16, "amx_usable", lambda target: (False, "refused"))
+    assert backend.parse_options({}).amx_dot == "off"
+    with pytest.raises(ValueError, match="TILEGEN_TRITON_AMX"):
+        amx_dot.available("sometimes")
+
+
+@needs_amx
+def test_tutorial_matmul_fp32_on_amx():
+    """Tutorial 03 (autotuned, GROUP_SIZE_M order: b's panels kept across programs) on f32
+    inputs, its fp16 output within the bf16x3 bound plus the fp16 rounding."""
+    from tests.test_triton_tutorials import matmul
+
+    generator = torch.Generator().manual_seed(9)
+    a = torch.randn(300, 171, generator=generator)
+    b = torch.randn(171, 333, generator=generator)
+    for activation in ("", "leaky_relu"):
+        out = matmul(a, b, activation).double()
+        exact, magnitude = reference(a, b)
+        if activation:
+            exact = torch.where(exact >= 0, exact, 0.01 * exact)
+        bound = (3 * 2.0 ** -16 + (3 * 171 + 2) * UNIT) * magnitude * 1.01 + \
+            2.0 ** -11 * exact.abs() * 1.01 + 2.0 ** -24  # fp16's rounding of the result
+        assert ((out - exact).abs() <= bound).all()
