@@ -325,3 +325,81 @@ def test_tutorial_matmul_fp32_on_amx():
         bound = (3 * 2.0 ** -16 + (3 * 171 + 2) * UNIT) * magnitude * 1.01 + \
             2.0 ** -11 * exact.abs() * 1.01 + 2.0 ** -24  # fp16's rounding of the result
         assert ((out - exact).abs() <= bound).all()
+
+
+@triton.jit
+def kloop_operand_expressions(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                              stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              CAST: tl.constexpr):
+    """Operands that are not plain loads: scaled (read twice: not loaded into the packs)
+    or cast to bf16; b's pointers from a transposed tensor (strides swapped)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        kk = k * BLOCK_K + rk
+        a = tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + kk[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        if CAST:
+            acc = tl.dot(a.to(tl.bfloat16), (b * 0.5).to(tl.bfloat16), acc)
+        else:
+            acc = tl.dot(a * 2.0, b + b, acc)
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@needs_amx
+@pytest.mark.parametrize("cast", [False, True])
+@pytest.mark.parametrize("transposed_b", [False, True])
+def test_operand_expressions_and_transposed_b(cast, transposed_b):
+    generator = torch.Generator().manual_seed(21)
+    m, n, k = 77, 45, 133
+    a = torch.randn(m, k, generator=generator)
+    b = torch.randn(n, k, generator=generator).t() if transposed_b else \
+        torch.randn(k, n, generator=generator)
+    c = torch.full((m, n), float("nan"))
+    handle = kloop_operand_expressions[(triton.cdiv(m, 32), triton.cdiv(n, 32))](
+        a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BLOCK_M=32, BLOCK_N=32,
+        BLOCK_K=32, CAST=cast)
+    assert "tdpbf16ps" in handle.asm["llir"]
+    if cast:  # bf16 operands: the products exact
+        check_within(c, a.bfloat16(), (b * 0.5).bfloat16(), 0.0, 1)
+    else:
+        check_within(c, a * 2, b + b, 3 * 2.0 ** -16, 3)
+
+
+@needs_amx
+def test_persistent_f32_matmul_keeps_amx_panels(monkeypatch):
+    """Tutorial 09's persistent loop on f32 inputs: b's packed AMX panels kept across a
+    program's tiles (panel_cache.py), b changed between launches."""
+    from tests.test_triton_tutorials_2 import matmul_kernel_persistent
+    from tilegen.triton_backend import panel_cache
+
+    found = []
+    conditions = panel_cache.static_conditions
+
+    def spy(e, loop, dot, advancing):
+        found.append(conditions(e, loop, dot, advancing))
+        return found[-1]
+    monkeypatch.setattr(panel_cache, "static_conditions", spy)
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    generator = torch.Generator().manual_seed(5)
+    m, n, k = 130, 97, 203
+    a = torch.randn(m, k, generator=generator)
+    b = torch.randn(k, n, generator=generator)
+    for _launch in range(2):
+        c = torch.full((m, n), 3.0, dtype=torch.float16)
+        handle = matmul_kernel_persistent[(2,)](
+            a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BLOCK_SIZE_M=32,
+            BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, GROUP_SIZE_M=4, NUM_SMS=2)
+        exact, magnitude = reference(a, b)
+        bound = (3 * 2.0 ** -16 + (3 * k + 2) * UNIT) * magnitude * 1.01 + \
+            2.0 ** -11 * exact.abs() * 1.01 + 2.0 ** -24
+        assert ((c.double() - exact).abs() <= bound).all()
+        b.mul_(-0.5)  # the same addresses, other values: the next launch must reload
+    assert "tdpbf16ps" in handle.asm["llir"]
+    assert found and all(reuse is not None for reuse in found)

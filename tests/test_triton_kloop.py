@@ -155,10 +155,15 @@ def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
     (50, 70, 61, 64, 64, 32, "f64"),  # f64: 6 x 32, 8 lanes a vector
     (7, 300, 700, 8, 256, 16, "f32"),  # four 64-wide panels, 44 trips: 11 groups
 ])
-def test_four_vector_register_blocks(m, n, k, block_m, block_n, block_k, dtype):
+def test_four_vector_register_blocks(monkeypatch, m, n, k, block_m, block_n, block_k,
+                                     dtype):
     """A deferred dot whose tile spans four vectors runs 6 x 4-vector register blocks over
     a depth that keeps a B panel at 32 KB (128 for f32, 128 for f64's 32 columns), the rows
-    past the last whole 6-row block in one block of their own; masks on every edge."""
+    past the last whole 6-row block in one block of their own; masks on every edge. (The
+    FMA kernel's blocks: bf16 and tf32 dots run on AMX where the host has it,
+    tests/test_triton_amx_dot.py.)"""
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", "0")
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
     torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
                    "f64": torch.float32}[dtype]
     generator = torch.Generator().manual_seed(m * 1000 + n + k)
