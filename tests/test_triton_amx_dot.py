@@ -1,6 +1,6 @@
 """`tt.dot` on AMX tiles (tilegen/triton_backend/amx_dot.py): bf16 dots as they are, f32
-dots of input_precision tf32/tf32x3/bf16x3 as bf16x3, f16 dots (TILEGEN_TRITON_AMX=fp16) as
-an exact four-term split; ieee and the knob off stay on the f32 FMA kernel.
+dots of input_precision tf32/tf32x3/bf16x3 as bf16x3, f16 dots as an exact four-term split;
+ieee, tiles under 32 x 32 and the knob off stay on the FMA kernel.
 
 The references are float64 products of the kernel's inputs; each tolerance is the error
 bound of the computation (amx_dot.py's docstring), times Σ_k |a_ik| |b_kj|:
@@ -106,7 +106,7 @@ def check_within(c, a, b, per_product: float, terms: int, bias=None, epilogue=Fa
 SHAPES = [  # (m, n, k, (BLOCK_M, BLOCK_N, BLOCK_K)): masks on every edge
     (83, 97, 171, (32, 32, 32)),
     (45, 77, 203, (64, 64, 16)),   # a trip of 16 depths: flushes padded to 32
-    (19, 13, 37, (16, 16, 32)),    # one tile row and column of C, ragged
+    (19, 13, 37, (32, 32, 32)),    # one block of C's tiles, ragged
     (130, 70, 300, (128, 64, 64)),
 ]
 
@@ -155,23 +155,21 @@ def test_f32_dot_epilogue_and_wide_range():
 
 @needs_amx
 @pytest.mark.parametrize("m,n,k,blocks", SHAPES[:3])
-def test_f16_dot_split_exactly(monkeypatch, always_compile, m, n, k, blocks):
-    monkeypatch.setenv("TILEGEN_TRITON_AMX", "fp16")
+def test_f16_dot_split_exactly(m, n, k, blocks):
     generator = torch.Generator().manual_seed(k)
     a = torch.randn(m, k, generator=generator).half()
     b = torch.randn(k, n, generator=generator).half()
-    c, asm = run(a, b, blocks, kernel=triton.jit(kloop_matmul.fn))
+    c, asm = run(a, b, blocks)
     assert "tdpbf16ps" in asm["llir"]
     check_within(c, a, b, 0.0, 4, None)
 
 
 @needs_amx
-@pytest.mark.parametrize("blocks", [(32, 32, 32), (16, 64, 16)])
-def test_f16_products_are_exact(monkeypatch, always_compile, blocks):
+@pytest.mark.parametrize("blocks", [(32, 32, 32), (32, 64, 16)])
+def test_f16_products_are_exact(blocks):
     """One product per output (b has one nonzero a column, at a random depth): the f32
     result is that product of two 11-bit significands, exact, so any term the split lost
     (lo x lo: at most 2^-16 of it) shows."""
-    monkeypatch.setenv("TILEGEN_TRITON_AMX", "fp16")
     generator = torch.Generator().manual_seed(blocks[1])
     m, n, k = 45, 77, 53
     a = (torch.rand(m, k, generator=generator) * 2 + 1).half()  # full significands
@@ -179,17 +177,20 @@ def test_f16_products_are_exact(monkeypatch, always_compile, blocks):
     b = torch.zeros(k, n, dtype=torch.float16)
     depths = torch.randint(0, k, (n,), generator=generator)
     b[depths, torch.arange(n)] = (torch.rand(n, generator=generator) * 2 + 1).half()
-    c, asm = run(a, b, blocks, kernel=triton.jit(kloop_matmul.fn))
+    c, asm = run(a, b, blocks)
     assert "tdpbf16ps" in asm["llir"]
     assert torch.equal(c.double(), a.double() @ b.double())
 
 
 @needs_amx
-def test_f16_dot_stays_on_the_fma_kernel_by_default():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("blocks", [(16, 32, 16), (64, 16, 32)])
+def test_tiles_under_32_stay_on_the_fma_kernel(dtype, blocks):
+    """Tiles of 16 rows or columns: slower on AMX (amx_dot.MIN_TILE), so not there."""
     generator = torch.Generator().manual_seed(8)
-    a = torch.randn(40, 50, generator=generator).half()
-    b = torch.randn(50, 60, generator=generator).half()
-    c, asm = run(a, b, (32, 32, 16))
+    a = torch.randn(40, 50, generator=generator).to(dtype)
+    b = torch.randn(50, 60, generator=generator).to(dtype)
+    c, asm = run(a, b, blocks)
     assert "tdpbf16ps" not in asm["llir"]
     check_within(c, a, b, 0.0, 1)
 
@@ -210,16 +211,15 @@ def test_every_f16_is_a_bf16_hi_plus_lo():
 
 @needs_amx
 @pytest.mark.parametrize("side", ["a", "b"])
-def test_the_kernels_f16_split_is_exact_for_every_f16(monkeypatch, always_compile, side):
+def test_the_kernels_f16_split_is_exact_for_every_f16(side):
     """The kernel's own split: all finite f16 values against an identity, so each output is
     hi + lo of one input (hi x 1 + lo x 1 + hi x 0 + lo x 0), which must be the input."""
-    monkeypatch.setenv("TILEGEN_TRITON_AMX", "fp16")
     values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
     values = values.view(torch.float16).reshape(256, 256)
     values = torch.where(torch.isfinite(values), values, torch.zeros_like(values))
     identity = torch.eye(256, dtype=torch.float16)
     a, b = (values, identity) if side == "a" else (identity, values)
-    c, asm = run(a, b, (64, 64, 32), kernel=triton.jit(kloop_matmul.fn))
+    c, asm = run(a, b, (64, 64, 32))
     assert "tdpbf16ps" in asm["llir"]
     assert torch.equal(c, values.float())
 
@@ -261,7 +261,7 @@ def test_ieee_is_the_fma_kernel(monkeypatch, always_compile, blocks):
 def test_knob_off_keeps_every_dot_on_the_fma_kernel(monkeypatch, always_compile, raw):
     monkeypatch.setenv("TILEGEN_TRITON_AMX", raw)
     generator = torch.Generator().manual_seed(4)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         a = torch.randn(45, 77, generator=generator).to(dtype)
         b = torch.randn(77, 50, generator=generator).to(dtype)
         c, asm = run(a, b, (32, 32, 32), kernel=triton.jit(kloop_matmul.fn))
@@ -292,14 +292,14 @@ def test_the_knob_is_an_option_of_the_compile(monkeypatch):
 
     backend = TilegenBackend(GPUTarget("tilegen", "host", 1))
     hashes = set()
-    for raw, mode in (("", "auto"), ("1", "auto"), ("fp16", "fp16"), ("0", "off"),
+    for raw, mode in (("", "auto"), ("1", "auto"), ("auto", "auto"), ("0", "off"),
                       ("no", "off")):
         monkeypatch.setenv("TILEGEN_TRITON_AMX", raw)
         assert config.triton_amx() == mode
         options = backend.parse_options({})
         assert options.amx_dot == (mode if amx_usable() else "off")
         hashes.add(options.hash())
-    assert len(hashes) == (3 if amx_usable() else 1)
+    assert len(hashes) == (2 if amx_usable() else 1)
     monkeypatch.setenv("TILEGEN_TRITON_AMX", "")
     from tilegen import gemm_bf16
     monkeypatch.setattr(gemm_bf16, "amx_usable", lambda target: (False, "refused"))

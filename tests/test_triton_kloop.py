@@ -183,10 +183,15 @@ def test_four_vector_register_blocks(monkeypatch, m, n, k, block_m, block_n, blo
         f"{max(128, block_k)}" in compiled.asm["llir"]
 
 
+@pytest.mark.parametrize("amx", ["0", "auto"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_loads_converted_into_the_packs(monkeypatch, dtype):
-    """f16 and bf16 loads read only by a deferred dot are converted to f32 as they are
-    stored into the packs (no tile of their own); odd sizes, masks on every edge."""
+def test_half_loads_converted_into_the_packs(monkeypatch, dtype, amx):
+    """f16 and bf16 loads read only by a deferred dot are converted as they are stored
+    into the packs (no tile of their own): to f32 for the FMA kernel, to bf16 parts for
+    AMX where the host has it (amx_dot.py); odd sizes, masks on every edge."""
+    from tilegen.triton_backend import amx_dot
+
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", amx)
     seen = []
     packed_loads = kloop._packed_loads
 
@@ -203,12 +208,15 @@ def test_half_loads_converted_into_the_packs(monkeypatch, dtype):
     b = torch.randn(k, n, generator=generator).to(dtype)
     out = torch.full((m, n), 7.0)
     grid = (triton.cdiv(m, 32), triton.cdiv(n, 64))
-    k_loop_matmul[grid](a, b, out, out, m, n, k, a.stride(0), a.stride(1), b.stride(0),
-                        b.stride(1), BM=32, BN=64, BK=32, BIAS=False, OUT_F64=False)
+    compiled = k_loop_matmul[grid](a, b, out, out, m, n, k, a.stride(0), a.stride(1),
+                                   b.stride(0), b.stride(1), BM=32, BN=64, BK=32, BIAS=False,
+                                   OUT_F64=False)
     expected = a.double() @ b.double()
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=2e-3)
     name = "f16" if dtype == torch.float16 else "bf16"
     assert seen == [[name, name]]
+    on_amx = amx == "auto" and amx_dot.available("auto")
+    assert ("tdpbf16ps" in compiled.asm["llir"]) is on_amx
 
 
 @triton.jit

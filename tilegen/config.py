@@ -45,12 +45,12 @@ TILEGEN_HUGEPAGES    1 (default): the Triton launcher asks for transparent huge 
                      gives them only on request (tilegen/triton_backend/hugepages.py); 0:
                      never. Read once, at the first launch
 TILEGEN_TRITON_AMX   the Triton backend's `tt.dot` on AMX tiles (`tdpbf16ps`,
-                     triton_backend/amx_dot.py): unset or `auto`: bf16 dots, and f32 dots
-                     of input_precision tf32/tf32x3/bf16x3 (as bf16x3), where the CPU has
-                     AMX-BF16 and Linux grants tile data; `fp16`: f16 dots too (an
-                     exact four-term split); 0 (off): never, the f32 FMA kernel for
-                     every dot. Read when Triton parses a compile's options (a
-                     field of them, so it is part of Triton's cache key)
+                     triton_backend/amx_dot.py): unset or `auto`: where the CPU has
+                     AMX-BF16 and Linux grants tile data, dots of tiles of at least 32 x 32
+                     on bf16 operands, on f16 ones (an exact four-term split) and on f32
+                     ones of input_precision tf32/tf32x3/bf16x3 (as bf16x3); 0 (off):
+                     never, the FMA kernel for every dot. Read when Triton parses a
+                     compile's options (a field of them, so part of Triton's cache key)
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -163,12 +163,12 @@ def hugepages_allowed() -> bool:
     """TILEGEN_HUGEPAGES: how the launcher treats memory, not a compile option."""
     return _flag("TILEGEN_HUGEPAGES", True)
 def triton_amx() -> str:
-    """TILEGEN_TRITON_AMX as `auto`, `fp16` or `off` (1/0 and the other flag spellings mean auto
+    """TILEGEN_TRITON_AMX as `auto` or `off` (1/0 and the other flag spellings mean auto
     and off). Like TILEGEN_TRITON_DISABLE not part of `Config`: the Triton backend puts it
     in its compile options (triton_backend/compiler.py)."""
     raw = os.environ.get("TILEGEN_TRITON_AMX", "").strip().lower()
-    if raw in ("", "auto", "fp16"):
-        return raw or "auto"
+    if raw in ("", "auto"):
+        return "auto"
     return "auto" if _flag("TILEGEN_TRITON_AMX", True) else "off"
 
 

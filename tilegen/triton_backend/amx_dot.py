@@ -10,11 +10,14 @@ Which dots, as products of bf16 terms (`terms_of`):
   2^-16 |a b|), finer than tf32's inputs rounded to 11 bits (2^-11). `ieee` (and bf16x6)
   stay the exact f32 FMA kernel. AMX flushes bf16 subnormals (below 2^-126) to zero, and
   an infinite operand makes NaN (Inf x a zero lo), as Triton's own split modes do.
-- f16 x f16 is not taken by default (TILEGEN_TRITON_AMX=fp16 takes it): every f16 is
-  exactly hi + lo (11 significant bits: 8 in hi, the rest, at most 3 and a sign, in lo,
-  and f16's range is inside bf16's normal one), so hi hi + hi lo + lo hi + lo lo gives
-  the exact products of the FMA path, at four times the AMX work and packing; measured
-  in docs/triton.md ("AMX dots").
+- f16 x f16: every f16 is exactly hi + lo (11 significant bits: 8 in hi, the rest, at
+  most 3 and a sign, in lo, and f16's range is inside bf16's normal one; tested over all
+  65536), so hi hi + hi lo + lo hi + lo lo are the exact products the FMA path adds, at
+  four times the AMX work: still faster where AMX is (docs/triton.md, "AMX dots"). An
+  infinite f16 operand makes NaN there too.
+Only for tiles of at least 32 x 32 (a whole 2 x 2 block of C's tiles): tutorial 03's
+16 x 32 x 16 config ran slower on AMX (f16 24 against 18 ms, f32 21 against 20), its
+32 x 64 x 32 and 128 x 128 x 32 faster (1024^3, one thread, ad hoc).
 
 The terms become one bf16 dot over `len(terms)` times the depth: a K loop's trip packs
 its `a` (m x BLOCK_K) as the terms' a parts side by side along k, its `b` as the terms'
@@ -52,7 +55,8 @@ SPLIT_PRECISIONS = ("tf32", "tf32x3", "bf16x3")
 # 128-row block's A slabs are then 256 KB (L2); the kernel's runs of 16 steps keep 32 KB of
 # a B panel in L1 while A streams by.
 FLUSH_DEPTH = 1024
-MODES = ("auto", "fp16", "off")  # TILEGEN_TRITON_AMX (tilegen/config.py)
+MODES = ("auto", "off")  # TILEGEN_TRITON_AMX (tilegen/config.py)
+MIN_TILE = 32  # rows and columns of a dot's tile at least (see above)
 
 
 def available(mode: str) -> bool:
@@ -68,17 +72,20 @@ def available(mode: str) -> bool:
 
 def terms_of(op: Op, mode: str) -> tuple[tuple[str, str], ...] | None:
     """The (a part, b part) bf16 terms `op` runs as on AMX (see above), or None when it
-    stays on the FMA kernel (other types, depths not whole multiples of 16)."""
+    stays on the FMA kernel (other types, tiles under 32 x 32, depths not whole multiples
+    of 16)."""
     a_value, b_value = op.operands[:2]
     elem = a_value.type.elem
     if op.name != "tt.dot" or len(a_value.type.shape) != 2 or op.result.type.elem != "f32" \
-            or b_value.type.elem != elem or a_value.type.shape[1] % 16:
+            or b_value.type.elem != elem or a_value.type.shape[1] % 16 or mode == "off":
+        return None
+    if a_value.type.shape[0] < MIN_TILE or b_value.type.shape[-1] < MIN_TILE:
         return None
     if elem == "bf16":
         return (("x", "x"),)
     if elem == "f32" and op.attr("input_precision", "ieee") in SPLIT_PRECISIONS:
         return BF16X3
-    if elem == "f16" and mode == "fp16":
+    if elem == "f16":
         return EXACT_SPLIT
     return None
 
