@@ -139,9 +139,9 @@ def test_tutorial_matmul_takes_the_k_loop_paths(monkeypatch):
     c = torch.empty((300, 130), dtype=torch.float16)
     config = matmul_kernel.configs[0].kwargs
     grid = (triton.cdiv(300, config["BLOCK_SIZE_M"]) * triton.cdiv(130, config["BLOCK_SIZE_N"]),)
-    compiled = matmul_kernel.fn[grid](a, b, c, 300, 130, 200, a.stride(0), a.stride(1),
-                                      b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-                                      ACTIVATION="", **config)
+    kernel = triton.jit(matmul_kernel.fn.fn)  # compiled anew: the knob is read at compiles
+    compiled = kernel[grid](a, b, c, 300, 130, 200, a.stride(0), a.stride(1), b.stride(0),
+                            b.stride(1), c.stride(0), c.stride(1), ACTIVATION="", **config)
     torch.testing.assert_close(c.float(), (a @ b).half().float(), rtol=2e-3, atol=2e-3)
     assert seen["advancing"] == [[0, 1]] and seen["deferred"] == [1]
     assert seen["packed loads"] == [2]  # a and b are loaded straight into the packs
@@ -172,9 +172,10 @@ def test_four_vector_register_blocks(monkeypatch, m, n, k, block_m, block_n, blo
     bias = torch.randn(m, n, generator=generator)
     out = torch.full((m, n), 7.0)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    compiled = k_loop_matmul[grid](a, b, out, bias, m, n, k, a.stride(0), a.stride(1),
-                                   b.stride(0), b.stride(1), BM=block_m, BN=block_n,
-                                   BK=block_k, BIAS=True, OUT_F64=dtype == "f64")
+    kernel = triton.jit(k_loop_matmul.fn)  # compiled anew: the knob is read at compiles
+    compiled = kernel[grid](a, b, out, bias, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+                            b.stride(1), BM=block_m, BN=block_n, BK=block_k, BIAS=True,
+                            OUT_F64=dtype == "f64")
     expected = a.double() @ b.double() + bias.double()
     tolerance = 1e-6 if dtype == "f64" else 1e-4 * (1 + k ** 0.5)
     torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance)
@@ -208,9 +209,9 @@ def test_half_loads_converted_into_the_packs(monkeypatch, dtype, amx):
     b = torch.randn(k, n, generator=generator).to(dtype)
     out = torch.full((m, n), 7.0)
     grid = (triton.cdiv(m, 32), triton.cdiv(n, 64))
-    compiled = k_loop_matmul[grid](a, b, out, out, m, n, k, a.stride(0), a.stride(1),
-                                   b.stride(0), b.stride(1), BM=32, BN=64, BK=32, BIAS=False,
-                                   OUT_F64=False)
+    kernel = triton.jit(k_loop_matmul.fn)  # compiled anew: the knob is read at compiles
+    compiled = kernel[grid](a, b, out, out, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+                            b.stride(1), BM=32, BN=64, BK=32, BIAS=False, OUT_F64=False)
     expected = a.double() @ b.double()
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=2e-3)
     name = "f16" if dtype == torch.float16 else "bf16"
