@@ -403,3 +403,47 @@ def test_persistent_f32_matmul_keeps_amx_panels(monkeypatch):
         b.mul_(-0.5)  # the same addresses, other values: the next launch must reload
     assert "tdpbf16ps" in handle.asm["llir"]
     assert found and all(reuse is not None for reuse in found)
+
+
+@triton.jit
+def single_dot(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, ACC: tl.constexpr):
+    """One dot over the whole depth (no K loop): with a loaded accumulator or none, and a
+    fused scale and cast-back epilogue."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a = tl.load(a_ptr + rm[:, None] * K + rk[None, :],
+                mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+    b = tl.load(b_ptr + rk[:, None] * N + rn[None, :],
+                mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+    c_mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if ACC:
+        c = tl.dot(a, b, tl.load(c_ptr + rm[:, None] * N + rn[None, :], mask=c_mask,
+                                 other=0.0))
+    else:
+        c = tl.dot(a, b) * 2.0
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], c, mask=c_mask)
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype,per_product,terms", [
+    (torch.bfloat16, 0.0, 1), (torch.float16, 0.0, 4), (torch.float32, 3 * 2.0 ** -16, 3)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_dot_outside_a_k_loop(dtype, per_product, terms, accumulate):
+    generator = torch.Generator().manual_seed(17)
+    m, n, k = 45, 77, 53
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    c = torch.randn(m, n, generator=generator)
+    start = c.clone()
+    handle = single_dot[(triton.cdiv(m, 32), triton.cdiv(n, 64))](
+        a, b, c, m, n, k, BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, ACC=accumulate)
+    assert "tdpbf16ps" in handle.asm["llir"]
+    exact, magnitude = reference(a, b)
+    bound = (per_product + (terms * k + 2) * UNIT) * magnitude * 1.01
+    if accumulate:
+        exact, bound = exact + start.double(), bound + 2 * UNIT * start.double().abs()
+    else:
+        exact, bound = 2 * exact, 2 * bound
+    assert ((c.double() - exact).abs() <= bound).all()

@@ -3,7 +3,9 @@
 run time; otherwise (other row strides, rows out of order, wrap-around offsets, a masked
 load, a store to b's memory before the dot, bounds checks on) the load goes through the
 frame as before. Checked against float64 torch, at tile heights that leave a partial
-register block, and that attention's V takes the path."""
+register block, and that attention's V takes the path. All on the FMA kernel
+(TILEGEN_TRITON_AMX=0): where the host has AMX, dots of 32 x 32 tiles and more pack b for
+AMX instead (amx_dot.py, tests/test_triton_amx_dot.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ import triton.language as tl  # noqa: E402
 from tilegen.triton_backend import dot_operands  # noqa: E402
 
 D = 64  # four f32 vectors on AVX-512: b's rows are the micro-kernel's panels
+
+
+@pytest.fixture(autouse=True)
+def fma_kernel(monkeypatch):
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", "0")
 
 
 @triton.jit

@@ -227,27 +227,39 @@ def test_exp2_within_one_ulp_over_the_float_range():
 
 @triton.jit
 def dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-               ACC_IN: tl.constexpr):
+               ACC_IN: tl.constexpr, PRECISION: tl.constexpr):
     rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
     a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
     b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
     acc = tl.load(c_ptr + rm[:, None] * N + rn[None, :]) if ACC_IN else \
         tl.zeros((M, N), dtype=tl.float32)
-    tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b, acc))
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :],
+             tl.dot(a, b, acc, input_precision=PRECISION))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(m=st.sampled_from([1, 2, 4, 16, 32]), n=st.sampled_from([1, 8, 16, 64, 128]),
-       k=st.sampled_from([1, 4, 16, 32]), half=st.booleans(), acc_in=st.booleans())
-def test_generated_dot_shapes(m, n, k, half, acc_in):
+       k=st.sampled_from([1, 4, 16, 32]), half=st.booleans(), acc_in=st.booleans(),
+       precision=st.sampled_from(["ieee", "tf32"]))
+def test_generated_dot_shapes(m, n, k, half, acc_in, precision):
+    """f16 products and ieee f32 ones are exact (sums in f32); tf32 on f32 is at least as
+    fine as bf16x3, which it is on AMX tiles (amx_dot.py): 3 x 2^-16 of |a||b| a product,
+    one f32 rounding per term added."""
     dtype = torch.float16 if half else torch.float32
     generator = torch.Generator().manual_seed(m * 1000 + n * 10 + k)
     a = torch.randn(m, k, generator=generator).to(dtype)
     b = torch.randn(k, n, generator=generator).to(dtype)
     c = torch.randn(m, n, generator=generator)
-    expected = a.double() @ b.double() + (c.double() if acc_in else 0)
-    dot_kernel[(1,)](a, b, c, M=m, N=n, K=k, ACC_IN=acc_in)
-    torch.testing.assert_close(c.double(), expected, rtol=1e-5, atol=1e-5)
+    start = c.double()
+    expected = a.double() @ b.double() + (start if acc_in else 0)
+    dot_kernel[(1,)](a, b, c, M=m, N=n, K=k, ACC_IN=acc_in, PRECISION=precision)
+    if half or precision == "ieee":
+        torch.testing.assert_close(c.double(), expected, rtol=1e-5, atol=1e-5)
+        return
+    unit = 2.0 ** -24
+    bound = (3 * 2.0 ** -16 + (3 * k + 2) * unit) * (a.double().abs() @ b.double().abs()) \
+        * 1.01 + 2 * unit * start.abs()
+    assert ((c.double() - expected).abs() <= bound).all()
 
 
 @triton.jit
@@ -539,10 +551,15 @@ def wide_dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl
 
 @pytest.mark.parametrize("m,k", [(8, 16), (16, 64), (128, 32)])
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
-def test_four_vector_wide_dots(m, k, dtype):
+def test_four_vector_wide_dots(monkeypatch, m, k, dtype):
     """b four vectors wide (64 f32 or 32 f64 lanes on AVX-512) runs unpacked in 6-row
-    register blocks: every tile height here leaves a remainder block of 2 or 4 rows."""
+    register blocks: every tile height here leaves a remainder block of 2 or 4 rows. (The
+    FMA kernel's blocks: TILEGEN_TRITON_AMX=0, a fresh kernel.)"""
     from tilegen.target import host_target
+
+    monkeypatch.setenv("TILEGEN_TRITON_AMX", "0")
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    kernel = triton.jit(wide_dot_kernel.fn)
     n = 4 * host_target().lanes("f64" if dtype == "f64" else "f32")
     torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
                    "f64": torch.float32}[dtype]
@@ -553,6 +570,6 @@ def test_four_vector_wide_dots(m, k, dtype):
         c = torch.randn(m, n, generator=generator, dtype=torch.float64 if dtype == "f64"
                         else torch.float32)
         expected = a.double() @ b.double() + (c.double() if acc_in else 0)
-        wide_dot_kernel[(1,)](a, b, c, M=m, N=n, K=k, ACC_IN=acc_in, F64=dtype == "f64")
+        kernel[(1,)](a, b, c, M=m, N=n, K=k, ACC_IN=acc_in, F64=dtype == "f64")
         tolerance = 1e-12 if dtype == "f64" else 1e-5
         torch.testing.assert_close(c.double(), expected, rtol=tolerance, atol=tolerance)

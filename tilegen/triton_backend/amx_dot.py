@@ -232,10 +232,11 @@ def _store_pairs(e, address: ir.Value, chunk: ir.Value) -> None:
     e.b.call(store, [spread, address, ir.Constant(I32, 2), mask])
 
 
-def flush(e, lay: Layout, packs, trips: ir.Value, base: ir.Value) -> None:
-    """acc += the packed product of `trips` trips: one micro-kernel call per B panel over
-    every register block of A (packs: the A slabs, the B panels, the kernel's scratch and
-    the m x n f32 accumulator; B from element `base` of its pack)."""
+def flush(e, lay: Layout, packs, trips: ir.Value, base: ir.Value, first: bool = False):
+    """acc += the packed product of `trips` trips (acc = with `first`): one micro-kernel
+    call per B panel over every register block of A (packs: the A slabs, the B panels,
+    the kernel's scratch and the m x n f32 accumulator; B from element `base` of its
+    pack)."""
     from ..amx_kernel import TILE_BYTES, amx_micro_kernel
 
     pack_a, pack_b, kept, accumulator = packs
@@ -255,7 +256,7 @@ def flush(e, lay: Layout, packs, trips: ir.Value, base: ir.Value) -> None:
                              _const(lay.nr))
         b_panel = e.address(pack_b, e.b.add(base, e.b.mul(p, _const(lay.panel_elements))))
         e.b.call(kernel, [a_first, b_panel, steps, e.address(accumulator, column0),
-                          _const(lay.n), _const(lay.m), columns, ir.Constant(I1, 0),
+                          _const(lay.n), _const(lay.m), columns, ir.Constant(I1, first),
                           _const(lay.m_pad // lay.mr), _const(TILE_BYTES),
                           _const(lay.m_pad * TILE_BYTES), steps, a_first,
                           b_panel, _const(0), _const(0), kept_first])

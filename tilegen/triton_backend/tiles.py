@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import branch_stores, dot_operands, interior, kloop, partials, sibling_reductions
+from . import (
+    amx_dot,
+    branch_stores,
+    dot_operands,
+    interior,
+    kloop,
+    partials,
+    sibling_reductions,
+)
 from .elementwise import I32, I64, PTR, bf16_to_f32, of_width, scalar_type
 from .tileir import TileType, element_bytes
 
@@ -233,6 +241,10 @@ def dot(e, op) -> None:
     if deferred is not None:  # a K loop's accumulation (kloop.py)
         kloop.add(e, deferred, op)
         return
+    terms = amx_dot.terms_of(op, e.amx_mode) if e.amx else None
+    if terms is not None:
+        _dot_amx(e, op, terms)
+        return
     if kloop.micro_kernel_dot(op):
         _dot_micro_kernel(e, op)
         return
@@ -280,20 +292,7 @@ def _dot_micro_kernel(e, op) -> None:
     b_in_memory = n == nr and dot_operands.in_memory(b)
     if not b_in_memory:
         b = _converted(e, b, elem)
-    c = e.env[c_value.id]
-    zero_start = getattr(c, "kind", None) == "const" and c.payload == 0
-    in_place = c_value.id in e.carried_args and e.uses.get(c_value.id) == 1 and \
-        isinstance(c, type(a)) and c_value.type.elem == elem
-    into_slot = e.accumulator_slots.get(op.result.id)
-    if zero_start:
-        out = e.alloc(op.result.type)
-    elif in_place:
-        out = c
-    elif into_slot is not None and _same_index_only(c, into_slot[0].offset, into_slot[1]):
-        out = into_slot[0]  # `acc * alpha`, computed into acc's own slot chunk by chunk
-        _copy(e, c, out)
-    else:
-        out = _copy_of(e, c, op.result.type)
+    out, zero_start = _dot_output(e, op)
     panels = -(-n // nr)
     if n == nr:
         packed = b
@@ -323,6 +322,58 @@ def _dot_micro_kernel(e, op) -> None:
                 blocks(e.materialize(b))
     else:
         blocks(packed)
+    e.env[op.result.id] = out
+
+
+def _dot_output(e, op):
+    """(the tile d is computed in, whether it starts from zero): a new tile for a zero
+    accumulator, a carried accumulator read only by the dot itself, `acc * alpha` computed
+    into acc's own slot (kloop.rescaled_accumulators), else a copy of c."""
+    c_value = op.operands[2]
+    c = e.env[c_value.id]
+    zero_start = getattr(c, "kind", None) == "const" and c.payload == 0
+    in_place = c_value.id in e.carried_args and e.uses.get(c_value.id) == 1 and \
+        hasattr(c, "offset") and c_value.type.elem == op.result.type.elem
+    into_slot = e.accumulator_slots.get(op.result.id)
+    if zero_start:
+        return e.alloc(op.result.type), True
+    if in_place:
+        return c, False
+    if into_slot is not None and _same_index_only(c, into_slot[0].offset, into_slot[1]):
+        _copy(e, c, into_slot[0])  # `acc * alpha`, computed into acc's own slot
+        return into_slot[0], False
+    return _copy_of(e, c, op.result.type), False
+
+
+def _dot_amx(e, op, terms) -> None:
+    """d = c + a @ b on AMX tiles (amx_dot.py): the whole depth packed as one trip, one
+    flush."""
+    a_value, b_value = op.operands[:2]
+    m, depth = a_value.type.shape
+    n = b_value.type.shape[-1]
+    lay = amx_dot.Layout(terms, m, n, depth, group=1)
+    pack_a, pack_b = e.alloc(lay.pack_a_type()), e.alloc(lay.pack_b_type())
+    a, b = e.env[a_value.id], e.env[b_value.id]
+    out, zero_start = _dot_output(e, op)
+    first = _const(0)
+    a_width, b_width = min(16, depth), min(16, n)
+
+    def pack_a_row(row):
+        for part in range(0, depth, a_width):
+            chunk = e.load_chunk(a, e.b.add(e.b.mul(row, _const(depth)), _const(part)),
+                                 a_width)
+            amx_dot.store_a(e, lay, pack_a, first, row, _const(part), chunk,
+                            a_value.type.elem)
+
+    def pack_b_row(kk):
+        for part in range(0, n, b_width):
+            chunk = e.load_chunk(b, e.b.add(e.b.mul(kk, _const(n)), _const(part)), b_width)
+            amx_dot.store_b(e, lay, pack_b, first, first, kk, _const(part), chunk,
+                            b_value.type.elem)
+    e.loop(m, pack_a_row, unroll=False)
+    e.loop(depth, pack_b_row, unroll=False)
+    amx_dot.flush(e, lay, (pack_a, pack_b, e.alloc(lay.kept_type()), out), _const(1),
+                  first, zero_start)
     e.env[op.result.id] = out
 
 
