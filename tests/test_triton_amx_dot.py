@@ -286,9 +286,10 @@ def test_the_knob_is_an_option_of_the_compile(monkeypatch):
     """TILEGEN_TRITON_AMX, `off` where the host may not use AMX, goes into the compile
     options, so Triton's cache key covers it (a kernel compiled where tile data was refused
     is not the one a process that has it finds)."""
+    from triton.backends.compiler import GPUTarget
+
     from tilegen import config
     from tilegen.triton_backend.compiler import TilegenBackend
-    from triton.backends.compiler import GPUTarget
 
     backend = TilegenBackend(GPUTarget("tilegen", "host", 1))
     hashes = set()

@@ -217,6 +217,30 @@ def store_b(e, lay: Layout, pack, base: ir.Value, slot: ir.Value, kk: ir.Value,
         _store_pairs(e, e.address(pack, at), parts[part])
 
 
+def pack_a(e, lay: Layout, pack, slot: ir.Value, value, elem: str) -> None:
+    """Trip `slot`'s whole `a` (an m x depth tile or lazy value of `elem`) into the slabs."""
+    width = min(16, lay.depth)
+
+    def row(r):
+        for part in range(0, lay.depth, width):
+            chunk = e.load_chunk(value, e.b.add(e.b.mul(r, _const(lay.depth)), _const(part)),
+                                 width)
+            store_a(e, lay, pack, slot, r, _const(part), chunk, elem)
+    e.loop(lay.m, row, unroll=False)
+
+
+def pack_b(e, lay: Layout, pack, base: ir.Value, slot: ir.Value, value, elem: str) -> None:
+    """Trip `slot`'s whole `b` (depth x n) into the panels, from element `base` on."""
+    width = min(16, lay.n, lay.nr)
+
+    def row(kk):
+        for part in range(0, lay.n, width):
+            chunk = e.load_chunk(value, e.b.add(e.b.mul(kk, _const(lay.n)), _const(part)),
+                                 width)
+            store_b(e, lay, pack, base, slot, kk, _const(part), chunk, elem)
+    e.loop(lay.depth, row, unroll=False)
+
+
 def _store_pairs(e, address: ir.Value, chunk: ir.Value) -> None:
     """chunk's lanes to address, address + 2, ... (16-bit lanes): one masked store of a
     vector twice as wide with the chunk in its even lanes (vmovdqu16 under a mask)."""

@@ -267,20 +267,6 @@ def add(e, plan: DeferredDot, op: Op) -> None:
     column0 = e.b.mul(slot, _const(depth))
     b_base = _b_base(e, plan)
 
-    def pack_a_row_amx(row):
-        source = e.b.mul(row, _const(depth))
-        for part in range(0, depth, a_width):
-            chunk = e.load_chunk(a, e.b.add(source, _const(part)), a_width)
-            amx_dot.store_a(e, plan.amx, plan.pack_a, slot, row, _const(part), chunk,
-                            a_value.type.elem)
-
-    def pack_b_row_amx(kk):
-        source = e.b.mul(kk, _const(n))
-        for part in range(0, n, b_width):
-            chunk = e.load_chunk(b, e.b.add(source, _const(part)), b_width)
-            amx_dot.store_b(e, plan.amx, plan.pack_b, b_base, slot, kk, _const(part), chunk,
-                            b_value.type.elem)
-
     def pack_a_row(row):
         source = e.b.mul(row, _const(depth))
         target = e.b.add(e.b.mul(row, _const(kc)), column0)
@@ -299,16 +285,26 @@ def add(e, plan: DeferredDot, op: Op) -> None:
                                   e.b.add(source, _const(p * plan.nr + part)), b_width)
                 e.store_chunk(plan.pack_b, e.b.add(target, _const(part)), chunk)
 
-    if plan.amx is not None:
-        pack_a_row, pack_b_row = pack_a_row_amx, pack_b_row_amx
+    def pack_a_all():
+        if plan.amx is not None:
+            amx_dot.pack_a(e, plan.amx, plan.pack_a, slot, a, a_value.type.elem)
+        else:
+            e.loop(m, pack_a_row, unroll=False)
+
+    def pack_b_all():
+        if plan.amx is not None:
+            amx_dot.pack_b(e, plan.amx, plan.pack_b, b_base, slot, b, b_value.type.elem)
+        else:
+            e.loop(depth, pack_b_row, unroll=False)
+
     if a_value.id not in plan.loaded_packed:
-        e.loop(m, pack_a_row, unroll=False)
+        pack_a_all()
     if b_value.id not in plan.loaded_packed:
         if plan.cache is None:
-            e.loop(depth, pack_b_row, unroll=False)
+            pack_b_all()
         else:
             with e.b.if_then(panel_cache.must_load(e, plan.cache)):
-                e.loop(depth, pack_b_row, unroll=False)
+                pack_b_all()
     packed = e.b.add(slot, _const(1))
     full = e.b.icmp_signed("==", packed, _const(plan.group))
     with e.b.if_else(full) as (then, otherwise):

@@ -355,25 +355,10 @@ def _dot_amx(e, op, terms) -> None:
     pack_a, pack_b = e.alloc(lay.pack_a_type()), e.alloc(lay.pack_b_type())
     a, b = e.env[a_value.id], e.env[b_value.id]
     out, zero_start = _dot_output(e, op)
-    first = _const(0)
-    a_width, b_width = min(16, depth), min(16, n)
-
-    def pack_a_row(row):
-        for part in range(0, depth, a_width):
-            chunk = e.load_chunk(a, e.b.add(e.b.mul(row, _const(depth)), _const(part)),
-                                 a_width)
-            amx_dot.store_a(e, lay, pack_a, first, row, _const(part), chunk,
-                            a_value.type.elem)
-
-    def pack_b_row(kk):
-        for part in range(0, n, b_width):
-            chunk = e.load_chunk(b, e.b.add(e.b.mul(kk, _const(n)), _const(part)), b_width)
-            amx_dot.store_b(e, lay, pack_b, first, first, kk, _const(part), chunk,
-                            b_value.type.elem)
-    e.loop(m, pack_a_row, unroll=False)
-    e.loop(depth, pack_b_row, unroll=False)
+    amx_dot.pack_a(e, lay, pack_a, _const(0), a, a_value.type.elem)
+    amx_dot.pack_b(e, lay, pack_b, _const(0), _const(0), b, b_value.type.elem)
     amx_dot.flush(e, lay, (pack_a, pack_b, e.alloc(lay.kept_type()), out), _const(1),
-                  first, zero_start)
+                  _const(0), zero_start)
     e.env[op.result.id] = out
 
 
