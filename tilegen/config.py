@@ -162,6 +162,8 @@ def load(target: str | None = None) -> Config:
 def hugepages_allowed() -> bool:
     """TILEGEN_HUGEPAGES: how the launcher treats memory, not a compile option."""
     return _flag("TILEGEN_HUGEPAGES", True)
+
+
 def triton_amx() -> str:
     """TILEGEN_TRITON_AMX as `auto` or `off` (1/0 and the other flag spellings mean auto
     and off). Like TILEGEN_TRITON_DISABLE not part of `Config`: the Triton backend puts it
