@@ -20,6 +20,11 @@ the loop, the micro-kernel runs over the packed depth with its accumulators in r
 packed B panel, KC x nr, at 32 KB, so it stays in L1 while the flush runs every row block
 of `a` against it: 128 for the 6 x 64 register block). Nothing can observe the
 accumulator between flushes: the loop's result is read only after the final flush.
+
+A dot that runs on AMX tiles (amx_dot.py: bf16, f16, f32 of tf32 precision, tiles of 32 x
+32 and more, where the host allows it) is deferred the same way, with amx_dot's packs (A
+in slabs of 32 depths, B in VNNI pairs, each operand split into its bf16 terms) and
+flushes of up to 1024 packed depths on the AMX micro-kernel.
 """
 
 from __future__ import annotations
