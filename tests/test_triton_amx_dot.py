@@ -139,6 +139,37 @@ def test_f32_dot_as_bf16x3(m, n, k, blocks, precision):
 
 
 @needs_amx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_infinities_and_nan_come_out_as_the_exact_products(dtype):
+    """The split's correction terms must not turn Inf into NaN (Inf x a zero lo part):
+    Inf, -Inf and NaN in either operand give the float64 product's Inf, -Inf and NaN, and
+    every other element stays within its bound."""
+    m, n, k = 83, 97, 171
+    generator = torch.Generator().manual_seed(29)
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    b[40, :] = 1.0  # bf16-exact: lo parts 0, the case Triton's tf32x3 got wrong
+    a[3, 40] = float("inf")
+    a[7, 40] = -float("inf")
+    a[11, 9] = float("nan")
+    b[100, 5] = float("inf")
+    b[60, 20] = -float("inf")
+    a[3, 60] = 0.0  # row 3 meets b's -Inf at k = 60 with a zero: NaN in column 20
+    c, asm = run(a, b, (32, 32, 32))
+    assert "tdpbf16ps" in asm["llir"]
+    exact = a.double() @ b.double()
+    assert exact.isinf().any() and exact.isnan().any()
+    assert torch.equal(c.isnan(), exact.isnan())
+    assert torch.equal(c.isposinf(), exact.isposinf())
+    assert torch.equal(c.isneginf(), exact.isneginf())
+    rows, columns = a.isfinite().all(dim=1), b.isfinite().all(dim=0)
+    assert rows.sum() == m - 3 and columns.sum() == n - 2
+    inner_a, inner_b = a[rows], b[:, columns]
+    per_product, terms = (3 * 2.0 ** -16, 3) if dtype == torch.float32 else (0.0, 4)
+    check_within(c[rows][:, columns], inner_a, inner_b, per_product, terms)
+
+
+@needs_amx
 def test_f32_dot_epilogue_and_wide_range():
     """Operands over many binades (the split is relative) with the fused epilogue."""
     generator = torch.Generator().manual_seed(3)

@@ -8,13 +8,14 @@ Which dots, as products of bf16 terms (`terms_of`):
   exact in f32), and the dot is hi_a hi_b + hi_a lo_b + lo_a hi_b: per product a relative
   error of about 3 x 2^-16 (the dropped lo_a lo_b and the two lo roundings, each at most
   2^-16 |a b|), finer than tf32's inputs rounded to 11 bits (2^-11). `ieee` (and bf16x6)
-  stay the exact f32 FMA kernel. AMX flushes bf16 subnormals (below 2^-126) to zero, and
-  an infinite operand makes NaN (Inf x a zero lo), as Triton's own split modes do.
+  stay the exact f32 FMA kernel. AMX flushes bf16 subnormals (below 2^-126) to zero. An
+  infinite or NaN element is packed with zero parts in the correction terms
+  (`_part_name`), so Inf and NaN come out as the exact product's.
 - f16 x f16: every f16 is exactly hi + lo (11 significant bits: 8 in hi, the rest, at
   most 3 and a sign, in lo, and f16's range is inside bf16's normal one; tested over all
   65536), so hi hi + hi lo + lo hi + lo lo are the exact products the FMA path adds, at
-  four times the AMX work: still faster where AMX is (docs/triton.md, "AMX dots"). An
-  infinite f16 operand makes NaN there too.
+  four times the AMX work: still faster where AMX is (docs/triton.md, "AMX dots"); Inf
+  and NaN as for f32.
 Only for tiles of at least 32 x 32 (a whole 2 x 2 block of C's tiles): tutorial 03's
 16 x 32 x 16 config ran slower on AMX (f16 24 against 18 ms, f32 21 against 20), its
 32 x 64 x 32 and 128 x 128 x 32 faster (1024^3, one thread, ad hoc).
@@ -158,17 +159,36 @@ def _const(value: int) -> ir.Constant:
 
 def _parts(e, chunk: ir.Value, elem: str, wanted) -> dict[str, ir.Value]:
     """The chunk's bf16 parts named in `wanted` (x: a bf16 chunk as it is; hi, lo: the
-    split), each as 16-bit lanes."""
+    split; hi*, lo*: the same, zero where the element is infinite or NaN), each as 16-bit
+    lanes."""
     if elem == "bf16":
         return {"x": chunk}
     width = chunk.type.count
     wide = chunk if elem == "f32" else e.b.fpext(chunk, of_width(ir.FloatType(), width))
     hi = _to_bf16(e, wide, width)
     parts = {"hi": hi}
-    if "lo" in wanted:
+    if wanted & {"lo", "lo*"}:
         rest = e.b.fsub(wide, bf16_to_f32(e.b, hi, width))  # exact: x and hi are close
         parts["lo"] = _to_bf16(e, rest, width)
+    if any(name.endswith("*") for name in wanted):
+        # finite: the f32 exponent is not all ones
+        exponent = e.b.and_(e.b.bitcast(wide, of_width(I32, width)),
+                            ir.Constant(of_width(I32, width), [0x7F800000] * width))
+        finite = e.b.icmp_unsigned("!=", exponent,
+                                   ir.Constant(of_width(I32, width), [0x7F800000] * width))
+        zero = ir.Constant(of_width(I16, width), [0] * width)
+        for name in ("hi", "lo"):
+            if name + "*" in wanted:
+                parts[name + "*"] = e.b.select(finite, parts[name], zero)
     return parts
+
+
+def _part_name(number: int, part: str) -> str:
+    """The packed part of term `number`: the first term (hi hi, or x x) as split; the
+    correction terms' parts zero for an infinite or NaN element, so that Inf x a zero lo
+    part cannot turn the sum NaN: hi hi alone carries Inf and NaN through, as the exact
+    product does (the fix Triton made to its own tf32x3, triton-lang/triton#5335)."""
+    return part if number == 0 or part == "x" else part + "*"
 
 
 def _to_bf16(e, value: ir.Value, width: int) -> ir.Value:
@@ -189,9 +209,10 @@ def store_a(e, lay: Layout, pack, slot: ir.Value, row: ir.Value, column: ir.Valu
             chunk: ir.Value, elem: str) -> None:
     """Lanes [column, column + w) of row `row` of trip `slot`'s `a`, each term's a part
     at its depth in the slabs (a chunk of at most 16, aligned, stays in one slab row)."""
-    parts = _parts(e, chunk, elem, {a for a, _ in lay.terms})
+    parts = _parts(e, chunk, elem, {_part_name(n, a) for n, (a, _) in enumerate(lay.terms)})
     base = e.b.add(e.b.mul(slot, _const(lay.trip_depth)), column)
     for number, (part, _) in enumerate(lay.terms):
+        part = _part_name(number, part)
         k = e.b.add(base, _const(number * lay.depth))
         slab = e.b.lshr(k, _const(5))
         at = e.b.add(e.b.mul(e.b.add(e.b.mul(slab, _const(lay.m_pad)), row), _const(SLAB)),
@@ -204,12 +225,13 @@ def store_b(e, lay: Layout, pack, base: ir.Value, slot: ir.Value, kk: ir.Value,
     """Lanes [column, column + w) of row `kk` of trip `slot`'s `b`, each term's b part in
     its depth pair's half of its panel (a chunk never crosses a panel), from element
     `base` of the packs on (a flush group's place in a panel cache)."""
-    parts = _parts(e, chunk, elem, {b for _, b in lay.terms})
+    parts = _parts(e, chunk, elem, {_part_name(n, b) for n, (_, b) in enumerate(lay.terms)})
     depth0 = e.b.add(e.b.mul(slot, _const(lay.trip_depth)), kk)
     panel = e.b.udiv(column, _const(lay.nr))
     lane = e.b.urem(column, _const(lay.nr))
     start = e.b.add(base, e.b.mul(panel, _const(lay.panel_elements)))
     for number, (_, part) in enumerate(lay.terms):
+        part = _part_name(number, part)
         k = e.b.add(depth0, _const(number * lay.depth))
         pair, half = e.b.lshr(k, _const(1)), e.b.and_(k, _const(1))
         at = e.b.add(start, e.b.add(e.b.mul(e.b.add(e.b.mul(pair, _const(lay.nr)), lane),
