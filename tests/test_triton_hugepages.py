@@ -88,7 +88,10 @@ def test_a_large_written_view_advises_only_its_whole_huge_pages():
     first = -(-start // big) * big + big + 4096 * 3  # not on a 2 MB boundary
     offset = (first - start) // 4
     y = buffer[offset:offset + (9 << 20) // 4 + 5]  # 9 MB and 20 bytes
-    x = torch.randn(y.numel())  # an input, not advised
+    # an input, not advised: in a mapping of its own too, since the heap torch.randn
+    # would take may hold pages an earlier test's output advised
+    x = _fresh(y.numel())
+    x.copy_(torch.randn(y.numel()))
     _run(x, y)
     low = -(-y.data_ptr() // big) * big
     high = (y.data_ptr() + y.nbytes) // big * big
