@@ -82,6 +82,8 @@ def load_results(run: dict) -> dict[str, dict[str, Result]]:
     for bench in run.get("benchmarks", []):
         extra = bench.get("extra_info", {})
         provider = extra.get("provider") or bench.get("param") or bench["name"]
+        if extra.get("mode"):  # B7's compile rows: one provider, cold and from the cache
+            provider = f"{provider} ({extra['mode']})"
         stats = bench["stats"]
         result = Result(group=bench.get("group") or bench["name"], provider=provider,
                         median=stats["median"], iqr=stats["iqr"], rounds=stats["rounds"],
@@ -191,7 +193,8 @@ B8_ONE = "B8 MiniLM encode 1 sentence"
 B8_LONG = "B8 MiniLM encode 32 x 128 tokens"
 B8_COMPILE = "B8 MiniLM compile one (B, T) shape"
 
-# Issue 8, "Our targets, as ratios measured side by side in one run", and issue 15's (B8).
+# Issue 8, "Our targets, as ratios measured side by side in one run", and issues 14's (B7),
+# 15's (B8) and 16's (B9).
 TARGETS = (
     RatioTarget("StoryLM-0 forward T = 36 (B1)", B1, "numpy", 20),
     RatioTarget("StoryLM-0 forward T = 36 (B1)", B1, "numba", 5),
@@ -232,6 +235,20 @@ TARGETS = (
     RatioTarget("MiniLM encode 32 × 128 tokens, BF16 weights vs F32 (B9)",
                 "B9 MiniLM BF16 weights, encode 32 x 128 tokens", "tilegen", 1.3,
                 ours="tilegen-bf16"),
+    # Issue 14: the Triton tutorials' kernels through the tilegen backend (B7).
+    *(RatioTarget(f"Triton {work} (B7)", f"B7 {work}", "torch", at_least,
+                  ours="tilegen-triton")
+      for work, at_least in (("01 vector add 2^24", 0.9),
+                             ("02 fused softmax [4096, 1024]", 1),
+                             ("03 matmul 1024^3 fp32 in fp16 out (autotuned)", 0.9),
+                             ("05 layer norm forward [4096, 4096]", 1),
+                             ("05 layer norm backward [4096, 1024]", 1),
+                             ("06 fused attention T=1024 D=64 (4 heads)", 1))),
+    *(TimeTarget(f"Triton cold compile of {kernel} (B7)", f"B7 compile {kernel}",
+                 "tilegen-triton (cold)", 0.200)
+      for kernel in ("01 add_kernel", "02 softmax_kernel", "03 matmul_kernel",
+                     "04 _seeded_dropout", "05 _layer_norm_fwd_fused", "06 _attn_fwd",
+                     "07 asin_kernel")),
 )
 
 # The peers' figures issue 8 quotes for this machine: (group, provider) -> (value, kind),
@@ -352,7 +369,7 @@ def _targets_section(groups) -> list[str]:
     for target in TARGETS:
         measured, verdict = target.evaluate(groups)
         rows.append((target.work, target.wording, measured, verdict))
-    lines = ["## Targets (issues 8 and 15)", "",
+    lines = ["## Targets (issues 8, 14, 15 and 16)", "",
              "Speed-up = peer median / tilegen median in the same run (per call, step or "
              "token alike, since both do the same work); compile targets are tilegen's own "
              "median.", ""]

@@ -46,6 +46,11 @@ def _run():
             _bench("B9 BF16 matmul 1024^3", "tilegen-bf16", 0.01, flops=2 * 1024 ** 3),
             _bench("B9 BF16 matmul 1024^3", "tilegen", 0.02, flops=2 * 1024 ** 3),
             _bench("B9 BF16 matmul 1024^3", "torch-bf16", 0.005, flops=2 * 1024 ** 3),
+            _bench("B7 05 layer norm backward [4096, 1024]", "tilegen-triton", 0.004),
+            _bench("B7 05 layer norm backward [4096, 1024]", "torch", 0.0036),
+            _bench("B7 compile 06 _attn_fwd", "tilegen-triton", 0.25, mode="cold"),
+            _bench("B7 compile 06 _attn_fwd", "tilegen-triton", 0.0004,
+                   mode="from Triton's cache"),
         ]}
 
 
@@ -73,6 +78,13 @@ def test_verdicts_come_from_the_measured_ratios():
     assert verdicts[("MiniLM encode 1 sentence (B8)", "≥ 3× sentence-transformers")][1] == \
         "not measured"
     assert verdicts[("MiniLM compile one (B, T) shape (B8)", "≤ 1 s")] == ("1.5 s", "missed")
+    # B7 divides torch's time by the Triton backend's; a compile row is cold, not cached
+    assert verdicts[("Triton 05 layer norm backward [4096, 1024] (B7)", "≥ 1× torch")] == \
+        ("0.90×", "missed")
+    assert verdicts[("Triton cold compile of 06 _attn_fwd (B7)", "≤ 200 ms")] == \
+        ("250 ms", "missed")
+    assert verdicts[("Triton cold compile of 02 softmax_kernel (B7)", "≤ 200 ms")][1] == \
+        "not measured"
 
 
 def test_report_tables(tmp_path):
@@ -87,6 +99,9 @@ def test_report_tables(tmp_path):
     assert "25% of all cores' time" in text
     # numpy-1t (threads 1): 0.02 / 0.04 against tilegen-1t, 0.02 / 0.02 against tilegen
     assert "| numpy-1t | 1 | 20 ms | 2 ms | 7 | 107.4 | — | 1.00× | 0.50× |" in text
+    # both compile rows of one provider, told apart by their mode
+    assert "| tilegen-triton (cold) |" in text
+    assert "| tilegen-triton (from Triton's cache) |" in text
 
 
 def test_main_writes_markdown_and_chart_atomically(tmp_path, capsys):
@@ -97,7 +112,7 @@ def test_main_writes_markdown_and_chart_atomically(tmp_path, capsys):
     assert (tmp_path / "run.md").read_text().startswith("# tilegen benchmark report")
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.md", "run.png"]
-    assert "Targets (issues 8 and 15)" in capsys.readouterr().out
+    assert "Targets (issues 8, 14, 15 and 16)" in capsys.readouterr().out
 
 
 def test_runs_default_to_a_git_ignored_folder(tmp_path, monkeypatch):
