@@ -124,6 +124,8 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ValueError(f"{name}={raw!r} must be one of {', '.join(choices)}")
     return raw
+
+
 def _bf16_kernel() -> str:
     """TILEGEN_BF16_DOT as one of auto, amx, dot, widen (1/0 and the other flag spellings
     mean dot and widen, as when the knob was on/off for `vdpbf16ps` alone)."""
@@ -168,9 +170,6 @@ def triton_amx() -> str:
     """TILEGEN_TRITON_AMX as `auto` or `off` (1/0 and the other flag spellings mean auto
     and off). Like TILEGEN_TRITON_DISABLE not part of `Config`: the Triton backend puts it
     in its compile options (triton_backend/compiler.py)."""
-    raw = os.environ.get("TILEGEN_TRITON_AMX", "").strip().lower()
-    if raw in ("", "auto"):
-        return "auto"
     return "auto" if _flag("TILEGEN_TRITON_AMX", True) else "off"
 
 

@@ -454,8 +454,10 @@ class ProgramEmitter:
         width = chunk_width(type_)
         count = type_.numel // width
         if reads and count >= interior.MIN_TRIPS:
-            interior.counted(self, reads, type_, 0, count, width, width, [], lambda i, _: (
-                body(self.b.mul(i, ir.Constant(I64, width)), width), [])[1])
+            def trip(i, carried):
+                body(self.b.mul(i, ir.Constant(I64, width)), width)
+                return carried
+            interior.counted(self, reads, type_, 0, count, width, width, [], trip)
             return
         self.loop(count, lambda i: body(self.b.mul(i, ir.Constant(I64, width)), width))
 
