@@ -18,7 +18,7 @@ import pytest
 from kina_frontend import program_from_text
 from tilegen.api import compile_program
 from tilegen.gemm import splits_columns
-from tilegen.gemm_amx import a_read_in_place, packs_b_panel_at_a_time
+from tilegen.gemm_amx import a_read_in_place, hands_out_panels, packs_b_panel_at_a_time
 from tilegen.gemm_bf16 import amx_tiles, amx_usable, is_amx_block
 from tilegen.loopir import Gemm, GemmTiles
 from tilegen.pipeline import codegen
@@ -288,8 +288,9 @@ def test_ragged_column_edges(m, k, n, threads, transposed_b, monkeypatch):
 def _narrow_panel(m, n, gemm, threads):
     """Whether some thread's last panel has 1..16 columns: C's last (N % 32), or the last
     of a share of a column split in tiles of 16, thread t of c taking tiles
-    [t u / c, (t + 1) u / c) for any c the runtime may give (1 to `threads`)."""
-    if not splits_columns(m, n, gemm.tiles, threads):
+    [t u / c, (t + 1) u / c) for any c the runtime may give (1 to `threads`). Where the
+    threads take panels from a counter instead, only C's last."""
+    if not splits_columns(m, n, gemm.tiles, threads) or hands_out_panels(gemm):
         return 0 < n % 32 <= 16
     units = -(-n // 16)
     widths = {min((t + 1) * units // c * 16, n) - t * units // c * 16
@@ -297,19 +298,46 @@ def _narrow_panel(m, n, gemm, threads):
     return any(0 < width % 32 <= 16 for width in widths)
 
 
-@pytest.mark.parametrize("m,k,n,units", [(333, 1000, 777, 49), (20, 500, 112, 7),
-                                         (13, 200, 777, 49)])
+@pytest.mark.parametrize("m,k,n,units", [(20, 500, 112, 7), (13, 200, 777, 49)])
 def test_two_threads_split_columns_in_single_tiles(m, k, n, units, monkeypatch):
     # 777 columns in 49 tiles of 16: 384 + 393 columns, where 25 panels of 32 split
     # 416 + 361 and thread 0 did 7 % more than half.
     module = _compile(_matmul(m, k, n), monkeypatch)
-    assert splits_columns(m, n, _gemm_of(module).tiles, 2)
+    gemm = _gemm_of(module)
+    assert splits_columns(m, n, gemm.tiles, 2) and not hands_out_panels(gemm)
     (parallel,) = [text for name, text in _llvm_functions(module).items() if ".par" in name]
     # Thread t's share is units [t units / 2, (t + 1) units / 2), times 16 columns.
     products = set(re.findall(r'= mul i64 %"[.\w]+", (\d+)$', parallel, re.MULTILINE))
     assert {str(units), "16"} <= products
+    assert "atomicrmw add" not in parallel
     if n == 777:
         assert "25" not in products  # panels of 32
+
+
+# One row block and one depth block, B packed a panel at a time, the columns split: the
+# threads take panels from a shared count, even threads from C's left end and odd ones
+# from its right (each claiming its next panel before it works on the current one). Every
+# panel is computed by one thread in one order, so the result is the one-thread result bit
+# for bit, whichever thread took which panel; odd N puts a narrow panel at the right end.
+@pytest.mark.parametrize("m,k,n", [(333, 1000, 777), (256, 640, 300), (300, 1000, 317),
+                                   (264, 333, 1001), (270, 100, 290)])
+def test_one_block_products_hand_out_panels(m, k, n, monkeypatch):
+    module = _compile(_matmul(m, k, n), monkeypatch)
+    gemm = _gemm_of(module)
+    assert hands_out_panels(gemm) and packs_b_panel_at_a_time(gemm)
+    assert gemm.tiles.mc >= m and gemm.tiles.kc >= k
+    (parallel,) = [text for name, text in _llvm_functions(module).items() if ".par" in name]
+    assert parallel.count("atomicrmw add") == 4  # a ticket and an end's count, twice
+    rng = np.random.default_rng(m + k + n)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    got = module.f(a, b)
+    _check(got, a, b)
+    alone = _compile(_matmul(m, k, n), monkeypatch, threads=1)
+    assert not hands_out_panels(_gemm_of(alone))
+    expected = alone.f(a, b)
+    for _ in range(20):  # the panels fall to the threads differently from call to call
+        assert np.array_equal(module.f(a, b), expected)
 
 
 def test_batched_ragged_column_edges(monkeypatch):

@@ -16,8 +16,10 @@ blocks, threads) and gemm_bf16's packing, with every panel padded to whole tiles
 so a B tile (16 pairs x 16 columns, 64 bytes a row) is 16 rows of a panel 128 bytes apart,
 and the panel's second tile starts 64 bytes in. A product of one row block of at least 8
 register blocks packs B a panel at a time, each right before its kernel call, which
-prefetches the next panel's part of B into L2 (`packs_b_panel_at_a_time`). Padding
-depths are zero in both A and B: zero times anything finite is 0, and packing never
+prefetches the next panel's part of B into L2 (`packs_b_panel_at_a_time`); when such a
+product is one depth block deep and its threads split the columns, they take its panels
+from a shared count, not fixed shares (`hands_out_panels`, `AmxEmitter.panels_from`).
+Padding depths are zero in both A and B: zero times anything finite is 0, and packing never
 reads past the operands, so no Inf or NaN of uninitialised memory meets a zero.
 
 A row-major bf16 A (a plain load, contiguous along k: `a_read_in_place`) is not packed:
@@ -61,7 +63,7 @@ from llvmlite import ir
 
 from . import loopir as L
 from .amx_kernel import AHEAD_ROWS, TILE_BYTES, TILE_COLUMNS, amx_micro_kernel
-from .gemm import PACKED_EMITTERS, column_share_widths
+from .gemm import PACKED_EMITTERS, batches_in_parallel, column_share_widths, splits_columns
 from .gemm_bf16 import (
     AMX_DEPTH,
     AMX_TILE_ROWS,
@@ -72,7 +74,7 @@ from .gemm_bf16 import (
     is_amx_block,
     operand_pointer,
 )
-from .micro_kernel import I64, PTR, declare_intrinsic, smin
+from .micro_kernel import I64, PTR, declare_intrinsic, element_pointer, smin
 from .target import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -117,6 +119,7 @@ class AmxEmitter(Bf16DotEmitter):
         self.narrow_panels = has_narrow_panels(gemm)
         self.panel_at_a_time = packs_b_panel_at_a_time(gemm)
         self.b_block = None  # pack_b's (jc, nc, pc) when panel_at_a_time
+        self.next_column = None  # panels_from: the first column of the thread's next panel
         stride = bf16_row_stride(gemm, cg.buffers, gemm.b_elem, gemm.j, gemm.k)
         self.b_row_stride = stride if stride is not None and stride > 0 else None
         # A's row stride in elements when it is a plain row-major bf16 load, read in place
@@ -127,6 +130,67 @@ class AmxEmitter(Bf16DotEmitter):
     def rows(self, row_lo, row_hi, col_lo=0, col_hi=None) -> None:
         self.request_tile_data()
         super().rows(row_lo, row_hi, col_lo, col_hi)
+
+    def hands_out_panels(self) -> bool:
+        return hands_out_panels(self.g)
+
+    def panels_from(self, counter) -> None:
+        """All of C, one B micro-panel at a time, each thread claiming the index of its
+        next panel from `counter` (an i64 every thread of the region adds to) while it
+        works on the current one, so the call on this panel can prefetch the next one's
+        part of B (next_panel_source) as with a fixed share. The product is one row block
+        and one depth block (hands_out_panels), so A is packed (or set up to be read in
+        place) once per thread, as `rows` does for a share."""
+        self.request_tile_data()
+        t, g, b = self.tiles, self.g, self.b
+        a_size = t.mc * self.a_stride
+        block, slot = self.scratch(a_size + self.b_panel_elements())
+        packed_a, packed_b = self.panels(block, a_size)
+        zero, rows, columns = self.const(0), self.const(g.m), self.const(g.n)
+        kc = self.const(g.k_extent)
+        self.whole_depth_block = kc if g.k_extent % self.lanes == 0 else None
+        self.pack_a(packed_a, zero, rows, zero, kc)
+
+        panels = self.const(-(-g.n // t.nr))
+        one = self.const(1)
+        from_back = b.trunc(b.and_(self.cg.thread_number, one), I1)
+        front, back = (element_pointer(b, counter, self.const(index), I64) for index in (1, 2))
+
+        def claim():
+            """A ticket from the shared count, then the next panel from the front (even
+            threads) or the back (odd threads): tickets below the panel count give
+            distinct panels, and two threads work at opposite ends of C (panels handed
+            out in turn put two threads' stores on every panel boundary's lines, where
+            C's rows are not whole lines, and ran 20-25% slower)."""
+            ticket = b.atomic_rmw("add", counter, one, "monotonic")
+            taken = b.select(from_back, back, front)
+            place = b.atomic_rmw("add", taken, one, "monotonic")
+            index = b.select(from_back, b.sub(b.sub(panels, one), place), place)
+            return b.select(b.icmp_signed("<", ticket, panels), index, panels)
+        before = b.block
+        test = b.append_basic_block("panels.test")
+        work = b.append_basic_block("panels.work")
+        done = b.append_basic_block("panels.done")
+        first_claim = claim()
+        b.branch(test)
+        b.position_at_end(test)
+        panel = b.phi(I64, name="panel")
+        panel.add_incoming(first_claim, before)
+        b.cbranch(b.icmp_signed("<", panel, panels), work, done)
+        b.position_at_end(work)
+        following = claim()
+        column = b.mul(panel, self.const(t.nr))
+        width = smin(b, self.const(t.nr), b.sub(columns, column))
+        self.next_column = b.mul(following, self.const(t.nr))
+        self.pack_b(packed_b, column, width, zero, kc)
+        self.micro_tiles(packed_a, packed_b, zero, rows, rows, column, width, kc,
+                         ir.Constant(I1, 1), columns)
+        self.next_column = None
+        panel.add_incoming(following, b.block)
+        b.branch(test)
+        b.position_at_end(done)
+        self.cg.cleanups.remove(block)
+        self.cg.release_block(block, slot)
 
     def request_tile_data(self) -> None:
         """Ask Linux for tile data once per loaded copy of the code (a flag in the module),
@@ -347,7 +411,9 @@ class AmxEmitter(Bf16DotEmitter):
                 nr, (_, _, pc) = self.const(self.tiles.nr), self.b_block
                 self.pack_b_panels(packed_b, col0, smin(b, b.sub(nc, jr), nr), pc, kc)
                 b_panel = packed_b
-                ahead = self.next_panel_source(b.add(col0, nr), b.add(jc, nc), pc, kc)
+                ahead = self.next_panel_source(b.add(col0, nr), b.add(jc, nc), pc, kc) \
+                    if self.next_column is None else \
+                    self.next_panel_source(self.next_column, self.const(g.n), pc, kc)
             else:
                 b_panel = self.gep(packed_b, self.b_panel_offset(jr, kc))
             if not self.narrow_panels:
@@ -394,8 +460,20 @@ def has_narrow_panels(gemm: L.Gemm) -> bool:
     kernels of a flavour the product never runs are not emitted: each cost LLVM 20-40 ms
     to optimise and compile."""
     nr = gemm.tiles.nr
-    return any(0 < width % nr <= TILE_COLUMNS
-               for width in column_share_widths(gemm, TILE_COLUMNS))
+    widths = {gemm.n} if hands_out_panels(gemm) else column_share_widths(gemm, TILE_COLUMNS)
+    return any(0 < width % nr <= TILE_COLUMNS for width in widths)
+
+
+def hands_out_panels(gemm: L.Gemm) -> bool:
+    """Whether the threads that split the columns take B micro-panels one at a time from a
+    shared counter (AmxEmitter.panels_from, gemm._run_panels_in_parallel): a product of
+    one row block and one depth block that packs B a panel at a time
+    (packs_b_panel_at_a_time), where each panel's work is the same whichever thread does
+    it and no packing of A is repeated. Panels of at most 16 columns are then only C's
+    last (N % 32 <= 16)."""
+    return not batches_in_parallel(gemm) and \
+        splits_columns(gemm.m, gemm.n, gemm.tiles, gemm.threads) and \
+        packs_b_panel_at_a_time(gemm) and gemm.k_extent <= gemm.tiles.kc
 
 
 def ragged_rows(gemm: L.Gemm) -> int:
