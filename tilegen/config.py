@@ -51,6 +51,8 @@ TILEGEN_TRITON_AMX   the Triton backend's `tt.dot` on AMX tiles (`tdpbf16ps`,
                      ones of input_precision tf32/tf32x3/bf16x3 (as bf16x3); 0 (off):
                      never, the FMA kernel for every dot. Read when Triton parses a
                      compile's options (a field of them, so part of Triton's cache key)
+TILEGEN_PERF_MAP     1: name the JIT code for Linux `perf` in /tmp/perf-<pid>.map
+                     (tilegen/perfmap.py; default 0). Read whenever an engine is loaded
 
 Not a knob but part of every compile's options: `stack_bytes`, the stack a kernel's
 temporaries may take, from this process's stack limits (tilegen/frame.py).
@@ -171,6 +173,12 @@ def triton_amx() -> str:
     and off). Like TILEGEN_TRITON_DISABLE not part of `Config`: the Triton backend puts it
     in its compile options (triton_backend/compiler.py)."""
     return "auto" if _flag("TILEGEN_TRITON_AMX", True) else "off"
+
+
+def perf_map() -> bool:
+    """TILEGEN_PERF_MAP: a side effect of loading code (tilegen/perfmap.py), not a compile
+    option: the code is the same either way."""
+    return _flag("TILEGEN_PERF_MAP", False)
 
 
 def triton_disabled() -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import numpy as np
 
-from . import forksafe
+from . import config, forksafe, perfmap
 from .codegen_values import BLOCK_COUNT_SUFFIX, BLOCKS_SUFFIX, PROFILE_COUNTERS
 from .fastcall import fill_runtime_table, layout_is_supported, make_builtin
 from .gcpause import collector_paused
@@ -416,19 +416,24 @@ def jit_module(plans: Sequence[KernelPlan] | Mapping[str, KernelPlan], profile: 
     _load_openmp_runtime()
 
     def engine_for(plan: KernelPlan):
-        if disk is None:
+        named = config.perf_map()
+        if disk is None and not named:
             parsed = to_llvm(codegen([plan], profile=profile), target)
             with LLVM_LOCK:
                 # The engine owns (and frees) its target machine: a fresh one each time.
                 engine = llvm.create_mcjit_compiler(parsed, new_target_machine(target))
                 engine.finalize_object()
             return engine
-        cached = disk.load_object(key, plan.symbol)  # checksummed: damage reads as a miss
-        if cached is not None:
-            return _engine_from_object(cached, target)
-        data = jit_object_code(to_llvm(codegen([plan], profile=profile), target), target)
-        disk.store_object(key, plan.symbol, data)
-        return _engine_from_object(data, target)
+        # From object code: the disk cache keeps it, and the perf map reads its symbols.
+        data = disk.load_object(key, plan.symbol) if disk is not None else None
+        if data is None:  # checksummed: damage reads as a miss
+            data = jit_object_code(to_llvm(codegen([plan], profile=profile), target), target)
+            if disk is not None:
+                disk.store_object(key, plan.symbol, data)
+        engine = _engine_from_object(data, target)
+        if named:
+            perfmap.record(engine, data)
+        return engine
 
     shared: dict[str, NativeCode] = {}  # functions computing the same thing share code
     by_name = plans if isinstance(plans, Mapping) else {plan.function.name: plan for plan in plans}

@@ -16,6 +16,7 @@ import llvmlite.binding as llvm
 from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase, decompose_descriptor
 
+from .. import config, perfmap
 from .. import target as host
 from . import hugepages
 from .compiler import BACKEND_NAME
@@ -49,6 +50,8 @@ class LoadedKernel:
             engine.add_object_file(llvm.ObjectFileRef.from_data(data))
             engine.finalize_object()
             self.address = engine.get_function_address(f"{name}.launch")
+        if config.perf_map():
+            perfmap.record(engine, data)
         self.engine = engine
         self.launch = _LAUNCH(self.address)
 
