@@ -76,7 +76,8 @@ def test_the_map_names_every_function_of_the_kernel(recorded):
     for start, size, name in entries:
         assert size > 0 and start == engine.get_function_address(name)
     spans = sorted((start, start + size) for start, size, _ in entries)
-    assert all(end <= following for (_, end), (following, _) in zip(spans, spans[1:]))
+    assert all(end <= following
+               for (_, end), (following, _) in zip(spans, spans[1:], strict=False))
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is not installed")
