@@ -5,8 +5,8 @@ used to hang forever in its next parallel kernel. Each case runs in a subprocess
 timeout (so a hang fails the test instead of stalling pytest); there the parent runs
 parallel kernels, forks (os.fork, or a multiprocessing pool with the fork start method),
 and the child runs every kind of parallel region -- a threaded matmul, a parallel loop, a
-scatter split by columns, an id error from a parallel loop -- and checks each against
-NumPy.
+scatter split by columns, a BF16 product whose threads take panels from a shared count (on
+AMX), an id error from a parallel loop -- and checks each against NumPy.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ fn scatter(u: Tensor[F32, [8192, 64], @host], ids: Tensor[I64, [8192], @host])
     -> Tensor[F32, [7, 64], @host] {
   return scatter_add(u, ids, 7);
 }
+fn bf(p: Tensor[BF16, [333, 1000], @host], q: Tensor[BF16, [1000, 777], @host])
+    -> Tensor[F32, [333, 777], @host] {
+  return matmul(p, q);
+}
 fn pick(ids: Tensor[I64, [300001], @host], table: Tensor[F32, [8, 4], @host])
     -> Tensor[F32, [300001, 4], @host] {
   return gather(table, ids);
@@ -40,6 +44,7 @@ fn pick(ids: Tensor[I64, [300001], @host], table: Tensor[F32, [8, 4], @host])
 
 _SCRIPT = """
 import multiprocessing, os, sys, time
+import ml_dtypes
 import numpy as np
 import tilegen
 import tilegen.forksafe
@@ -55,6 +60,8 @@ ids = rng.integers(0, 7, 8192).astype(np.int64)
 bad = np.zeros(300001, np.int64)
 bad[[5, 160000]] = 9
 table = np.ones((8, 4), np.float32)
+p = rng.standard_normal((333, 1000)).astype(ml_dtypes.bfloat16)
+q = rng.standard_normal((1000, 777)).astype(ml_dtypes.bfloat16)
 
 
 def check_all(_=None):
@@ -66,6 +73,10 @@ def check_all(_=None):
     want = np.zeros((7, 64))
     np.add.at(want, ids, u.astype(np.float64))
     np.testing.assert_allclose(module.scatter(u, ids), want, rtol=1e-4, atol=1e-3)
+    # On AMX the threads take this product's panels from a shared count. (Its reference
+    # here, not before a fork-first fork: NumPy's BLAS runs its threads on libgomp's pool.)
+    pq = p.astype(np.float64) @ q.astype(np.float64)
+    np.testing.assert_allclose(module.bf(p, q), pq, rtol=1e-4, atol=1e-3)
     try:
         module.pick(bad, table)
     except tilegen.IdOutOfRangeError as error:
