@@ -319,10 +319,16 @@ def test_two_threads_split_columns_in_single_tiles(m, k, n, units, monkeypatch):
 # from its right (each claiming its next panel before it works on the current one). Every
 # panel is computed by one thread in one order, so the result is the one-thread result bit
 # for bit, whichever thread took which panel; odd N puts a narrow panel at the right end.
-@pytest.mark.parametrize("m,k,n", [(333, 1000, 777), (256, 640, 300), (300, 1000, 317),
-                                   (264, 333, 1001), (270, 100, 290)])
-def test_one_block_products_hand_out_panels(m, k, n, monkeypatch):
-    module = _compile(_matmul(m, k, n), monkeypatch)
+# Ragged last blocks of 13, 0, 12, 8, 14 and 20 rows; N % 32 of 9, 12, 29, 9, 2 and 30; A
+# read in place, packed (1024 deep: 2 KB rows alias in L1) or computed (an F32 A rounded).
+@pytest.mark.parametrize("m,k,n,a_type", [(333, 1000, 777, "BF16"), (256, 640, 300, "BF16"),
+                                          (300, 1000, 317, "BF16"), (264, 333, 1001, "BF16"),
+                                          (270, 100, 290, "BF16"), (308, 900, 350, "BF16"),
+                                          (264, 1024, 400, "BF16"), (300, 700, 333, "F32")])
+def test_one_block_products_hand_out_panels(m, k, n, a_type, monkeypatch):
+    source = _matmul(m, k, n, a_type).replace("matmul(a, b)", "matmul(cast(a, BF16), b)") \
+        if a_type == "F32" else _matmul(m, k, n)
+    module = _compile(source, monkeypatch)
     gemm = _gemm_of(module)
     assert hands_out_panels(gemm) and packs_b_panel_at_a_time(gemm)
     assert gemm.tiles.mc >= m and gemm.tiles.kc >= k
@@ -331,13 +337,14 @@ def test_one_block_products_hand_out_panels(m, k, n, monkeypatch):
     rng = np.random.default_rng(m + k + n)
     a = rng.standard_normal((m, k)).astype(BF16)
     b = rng.standard_normal((k, n)).astype(BF16)
-    got = module.f(a, b)
+    operand = a if a_type == "BF16" else a.astype(np.float32)  # exact in bf16: no rounding
+    got = module.f(operand, b)
     _check(got, a, b)
-    alone = _compile(_matmul(m, k, n), monkeypatch, threads=1)
+    alone = _compile(source, monkeypatch, threads=1)
     assert not hands_out_panels(_gemm_of(alone))
-    expected = alone.f(a, b)
+    expected = alone.f(operand, b)
     for _ in range(20):  # the panels fall to the threads differently from call to call
-        assert np.array_equal(module.f(a, b), expected)
+        assert np.array_equal(module.f(operand, b), expected)
 
 
 def test_batched_ragged_column_edges(monkeypatch):
