@@ -107,6 +107,16 @@ def test_an_unwritable_map_warns_and_the_code_runs(monkeypatch, tmp_path):
     np.testing.assert_allclose(got, _expected(x, w), rtol=2e-6)
 
 
+def test_unreadable_symbols_warn_and_record_nothing(monkeypatch, tmp_path):
+    path = tmp_path / "perf.map"
+    monkeypatch.setattr(perfmap, "map_path", lambda: str(path))
+    monkeypatch.setattr(perfmap, "_warned", False)
+    truncated = b"\x7fELF\x02\x01" + bytes(20)  # an ELF64 header cut short
+    with pytest.warns(RuntimeWarning, match="cannot read the object code's symbols"):
+        perfmap.record(None, truncated)
+    assert not path.exists()
+
+
 def test_nothing_is_recorded_with_the_knob_off(monkeypatch):
     monkeypatch.delenv("TILEGEN_PERF_MAP", raising=False)
     calls = []

@@ -9,8 +9,8 @@ at the address the engine gave it and of the size the object code's symbol table
 (parsed here from the ELF bytes the engine was loaded from). The file stays after the
 process ends, where `perf report` finds it; nothing removes it.
 
-A map that cannot be written (no /tmp, a full disk) costs the compile nothing: a
-RuntimeWarning says so, once per process.
+A map that cannot be written (no /tmp, a full disk) or object code whose symbols cannot be
+read costs the compile nothing: a RuntimeWarning says so, once per process.
 """
 
 from __future__ import annotations
@@ -62,16 +62,23 @@ def function_sizes(data: bytes) -> dict[str, int]:
 def record(engine, data: bytes) -> None:
     """Append the functions of `engine`, loaded from the object code `data`, to this
     process's perf map."""
-    global _warned
+    try:
+        sizes = function_sizes(data)
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError) as error:
+        _warn_once(f"cannot read the object code's symbols ({error})")
+        return
     with LLVM_LOCK:
-        lines = [f"{address:x} {size:x} {name}\n"
-                 for name, size in sorted(function_sizes(data).items())
+        lines = [f"{address:x} {size:x} {name}\n" for name, size in sorted(sizes.items())
                  if (address := engine.get_function_address(name))]
     try:
         with _lock, open(map_path(), "a", encoding="utf-8") as out:
             out.writelines(lines)
     except OSError as error:
-        if not _warned:
-            _warned = True
-            warnings.warn(f"tilegen: TILEGEN_PERF_MAP: cannot write {map_path()}: {error}",
-                          RuntimeWarning, stacklevel=2)
+        _warn_once(f"cannot write {map_path()}: {error}")
+
+
+def _warn_once(problem: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"tilegen: TILEGEN_PERF_MAP: {problem}", RuntimeWarning, stacklevel=3)
