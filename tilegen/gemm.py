@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from llvmlite import ir
 
@@ -216,13 +217,13 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
     cg.push_scope()
     for var, value in zip(gemm.batch, batch_values, strict=True):
         cg.env[-1][var.name] = _val(value)
-    if splits_columns(gemm.m, gemm.n, gemm.tiles, gemm.threads) and \
-            _emitter(cg, gemm).hands_out_panels():
-        _run_panels_in_parallel(cg, gemm)
-    elif splits_columns(gemm.m, gemm.n, gemm.tiles, gemm.threads):
+    if splits_columns(gemm.m, gemm.n, gemm.tiles, gemm.threads):
         # Wider than tall (x @ lm_head), or square over several column blocks: split the
         # columns, so each thread packs only its part of B instead of all of it.
-        cg.parallel(column_units, gemm.threads, column_body)
+        if _emitter(cg, gemm).hands_out_panels():
+            _run_panels_in_parallel(cg, gemm)
+        else:
+            cg.parallel(column_units, gemm.threads, column_body)
     elif gemm.threads > 1 and row_units >= 2:
         cg.parallel(row_units, gemm.threads, row_body)
     else:
@@ -427,10 +428,6 @@ class _GemmEmitter:
         if self.shared_driver:
             gemm_driver.run_rows(self, row_lo, row_hi, col_lo, col_end)
             return
-        a_size = t.mc * self.a_stride
-        block, slot = self.scratch(a_size + self.b_panel_elements())
-        packed_a, packed_b = self.panels(block, a_size)
-
         def column_block(jc, carried):
             nc = smin(self.b, self.const(t.nc), self.b.sub(col_end, jc))
 
@@ -453,7 +450,16 @@ class _GemmEmitter:
                 return carried
             self.cg.loop(0, g.k_extent, t.kc, [], depth_block)
             return carried
-        self.cg.loop(col_lo, col_hi, t.nc, [], column_block)
+        with self.packed_panels() as (packed_a, packed_b):
+            self.cg.loop(col_lo, col_hi, t.nc, [], column_block)
+
+    @contextmanager
+    def packed_panels(self):
+        """(packed A, packed B) in this thread's scratch block (`scratch`, `panels`) for the
+        code emitted inside the `with`; the block goes back to its slot after it."""
+        a_size = self.tiles.mc * self.a_stride
+        block, slot = self.scratch(a_size + self.b_panel_elements())
+        yield self.panels(block, a_size)
         self.cg.cleanups.remove(block)
         self.cg.release_block(block, slot)
 

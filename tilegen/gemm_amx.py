@@ -119,7 +119,6 @@ class AmxEmitter(Bf16DotEmitter):
         self.narrow_panels = has_narrow_panels(gemm)
         self.panel_at_a_time = packs_b_panel_at_a_time(gemm)
         self.b_block = None  # pack_b's (jc, nc, pc) when panel_at_a_time
-        self.next_column = None  # panels_from: the first column of the thread's next panel
         stride = bf16_row_stride(gemm, cg.buffers, gemm.b_elem, gemm.j, gemm.k)
         self.b_row_stride = stride if stride is not None and stride > 0 else None
         # A's row stride in elements when it is a plain row-major bf16 load, read in place
@@ -142,10 +141,11 @@ class AmxEmitter(Bf16DotEmitter):
         and one depth block (hands_out_panels), so A is packed (or set up to be read in
         place) once per thread, as `rows` does for a share."""
         self.request_tile_data()
+        with self.packed_panels() as (packed_a, packed_b):
+            self._panels_from(counter, packed_a, packed_b)
+
+    def _panels_from(self, counter, packed_a, packed_b) -> None:
         t, g, b = self.tiles, self.g, self.b
-        a_size = t.mc * self.a_stride
-        block, slot = self.scratch(a_size + self.b_panel_elements())
-        packed_a, packed_b = self.panels(block, a_size)
         zero, rows, columns = self.const(0), self.const(g.m), self.const(g.n)
         kc = self.const(g.k_extent)
         self.whole_depth_block = kc if g.k_extent % self.lanes == 0 else None
@@ -181,16 +181,13 @@ class AmxEmitter(Bf16DotEmitter):
         following = claim()
         column = b.mul(panel, self.const(t.nr))
         width = smin(b, self.const(t.nr), b.sub(columns, column))
-        self.next_column = b.mul(following, self.const(t.nr))
         self.pack_b(packed_b, column, width, zero, kc)
         self.micro_tiles(packed_a, packed_b, zero, rows, rows, column, width, kc,
-                         ir.Constant(I1, 1), columns)
-        self.next_column = None
+                         ir.Constant(I1, 1), columns,
+                         next_column=b.mul(following, self.const(t.nr)))
         panel.add_incoming(following, b.block)
         b.branch(test)
         b.position_at_end(done)
-        self.cg.cleanups.remove(block)
-        self.cg.release_block(block, slot)
 
     def request_tile_data(self) -> None:
         """Ask Linux for tile data once per loaded copy of the code (a flag in the module),
@@ -366,11 +363,13 @@ class AmxEmitter(Bf16DotEmitter):
         return amx_micro_kernel(self.cg.module, rows, columns, self.tiles.nr, a_in_place)
 
     def micro_tiles(self, packed_a, packed_b, ic, mc, row_hi, jc, nc, kc, first,
-                    col_end) -> None:
+                    col_end, next_column=None) -> None:
         """gemm.py's micro_tiles with one kernel call per B micro-panel for all of the A
         block's register blocks (amx_micro_kernel's `blocks`); with A read in place, one
         for the rows read there and one for a packed ragged last block. A panel of at most
-        16 columns runs on kernels of one column of tiles (`narrow_panels`)."""
+        16 columns runs on kernels of one column of tiles (`narrow_panels`). With
+        `next_column` (panels_from), the call prefetches the B of the thread's next panel,
+        which starts there, instead of the block's next one."""
         g, b, mr = self.g, self.b, self.tiles.mr
         steps = self.micro_steps(kc)
         slabs = (self.const(TILE_BYTES), self.const(self.tiles.mc * TILE_BYTES), steps)
@@ -411,9 +410,10 @@ class AmxEmitter(Bf16DotEmitter):
                 nr, (_, _, pc) = self.const(self.tiles.nr), self.b_block
                 self.pack_b_panels(packed_b, col0, smin(b, b.sub(nc, jr), nr), pc, kc)
                 b_panel = packed_b
-                ahead = self.next_panel_source(b.add(col0, nr), b.add(jc, nc), pc, kc) \
-                    if self.next_column is None else \
-                    self.next_panel_source(self.next_column, self.const(g.n), pc, kc)
+                if next_column is None:  # the block's next panel
+                    ahead = self.next_panel_source(b.add(col0, nr), b.add(jc, nc), pc, kc)
+                else:  # the thread's next panel (panels_from)
+                    ahead = self.next_panel_source(next_column, self.const(g.n), pc, kc)
             else:
                 b_panel = self.gep(packed_b, self.b_panel_offset(jr, kc))
             if not self.narrow_panels:
