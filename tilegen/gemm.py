@@ -237,13 +237,8 @@ PANEL_COUNTER = "gemm.next_panel"
 
 def _run_panels_in_parallel(cg, gemm: L.Gemm) -> None:
     """The threads take C's B micro-panels one at a time from a shared counter (the
-    emitter's `panels_from`) instead of a fixed share of the columns each: with fixed
-    shares the faster thread of each call waits at the join for the other, and on this
-    project's 2-vCPU Xeon the two threads' speeds differed from call to call by more than
-    the shares did. perf samples per thread (software clock), 333 x 1000 x 768: the
-    threads idle 11.0 and 9.7% of the time with equal fixed shares, 5.3 and 7.8% with
-    panels handed out; 333 x 1000 x 777 (384 + 393 columns, the narrow panel in the
-    second): 16.5 and 5.5%, then 7.5 and 5.1%."""
+    emitter's `panels_from`), not a fixed share each: with fixed shares the faster thread
+    of each call idled at the join (perf figures in docs/architecture.md)."""
     b = cg.b
     counter = b.alloca(I64, size=ir.Constant(I64, 3), name="gemm.panel_counters")
     for index in range(3):  # tickets, panels taken from the front, from the back
