@@ -1,10 +1,11 @@
 """scripts/perf_threads.py: its reading of `perf script` lines, and (where `perf` is
-installed and may attach) a run as users run it, which must name the JIT kernel and show
+installed and may attach) a run as users run it, which must name the JIT code and show
 both threads of a parallel product."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -60,4 +61,6 @@ def test_a_run_names_the_kernel_on_both_threads(tmp_path):
     assert result.returncode == 0, result.stderr
     threads = [line for line in result.stdout.splitlines() if line.startswith("thread ")]
     assert len(threads) >= 2, result.stdout
-    assert "kina.mm" in result.stdout, result.stdout
+    # Most samples fall in the product's micro-kernel; the kernel's own functions may be
+    # too small to make the top of the list.
+    assert re.search(r"%  (kina\.mm|tilegen\.gemm\.)", result.stdout), result.stdout
