@@ -377,32 +377,37 @@ def test_the_docs_bf16_sample_runs():
 ZEN4 = NAMED_TARGETS["znver4"]
 
 
-def test_dot_kernel_depth_block_follows_l1():
-    # The vdpbf16ps kernel's B micro-panel (kc x nr bf16) takes at most 3/4 of L1: 256 deep
-    # on Zen 4's 32 KB, where 512 would fill all of it; 512 on a 48 KB L1.
+def test_dot_kernel_depth_block_is_all_of_k_up_to_1024():
+    # The vdpbf16ps kernel's depth block is all of k up to 1024, whatever L1 holds (its B
+    # micro-panel streams from L2); past 1024 the blocks are 1024 deep unless the last would
+    # be shorter than 256, which the others take in, as AMX's blocks do.
     from dataclasses import replace
 
-    for l1, kc in ((ZEN4.l1d_bytes, 256), (48 << 10, 512)):
+    for l1 in (ZEN4.l1d_bytes, 48 << 10):
         options = _options("auto", replace(ZEN4, l1d_bytes=l1))
         assert bf16_kernel(options) == "dot"
-        tiles = gemm_bf16.bf16_tiles(1024, 1024, 1024, options)
-        assert tiles.kc == kc and tiles.kc * tiles.nr * 2 <= l1 * 3 // 4
-        assert gemm_bf16.bf16_tiles(333, 77, 1000, options).kc == kc
-        assert gemm_bf16.bf16_tiles(40, 50, 37, options).kc == 37
+        for k, kc in ((37, 37), (1000, 1000), (1024, 1024), (1152, 1152), (1301, 1024),
+                      (2048, 1024), (2049, 1056), (3100, 1056)):
+            tiles = gemm_bf16.bf16_tiles(333, 77, k, options)
+            assert tiles.kc == kc, (k, tiles.kc)
+            blocks = -(-k // kc)
+            assert blocks == 1 or (kc % 32 == 0 and k - (blocks - 1) * kc >= 256)
 
 
 @pytest.mark.skipif(not ZEN4.runs_on_host, reason="this machine cannot run znver4 code")
-@pytest.mark.parametrize("m,k,n", [(45, 513, 77), (100, 301, 33), (13, 257, 40), (31, 256, 17)])
-def test_zen4_target_runs_the_dot_kernel_in_depth_blocks_of_256(m, k, n, monkeypatch):
+@pytest.mark.parametrize("m,k,n,kc", [(45, 2049, 77, 1056), (13, 1301, 40, 1024),
+                                      (31, 1025, 17, 1025), (100, 301, 33, 301)])
+def test_zen4_target_runs_the_dot_kernel_in_depth_blocks(m, k, n, kc, monkeypatch):
     # `--target znver4` (TILEGEN_TARGET) compiles the kernel Zen 4 runs by default, which
-    # runs here too: depth blocks of 256 (513 = 256 + 256 + 1, a lone row paired with a
-    # zero one; 301 = 256 + 45; 257 = 256 + 1), odd rows and columns, two threads. B's
-    # last row of infinities meets A's ones, never a padding row: +inf in those columns.
+    # runs here too: depth blocks of up to 1024 (2049 = 1056 + 993 and 1301 = 1024 + 277,
+    # each last block odd: a lone row paired with a zero one; 1025 and 301 in one odd
+    # block), odd rows and columns, two threads. B's last row of infinities meets A's ones,
+    # never a padding row: +inf in those columns.
     monkeypatch.setenv("TILEGEN_TARGET", "znver4")
     module = _compile(f"fn f(a: {_ty((m, k))}, b: {_ty((k, n))}) -> {_ty((m, n), 'F32')} "
                       "{ return matmul(a, b); }", monkeypatch, "auto")
     (gemm,) = [s for s in program_of(module).plans["f"].kernel.body if isinstance(s, Gemm)]
-    assert _kernels(module) == ["dot"] and gemm.tiles.kc == 256
+    assert _kernels(module) == ["dot"] and gemm.tiles.kc == kc
     _check_infinite_last_row(module, m, k, n, seed=m + k + n)
 
 
