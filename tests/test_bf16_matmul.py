@@ -392,6 +392,14 @@ def test_dot_kernel_depth_block_is_all_of_k_up_to_1024():
             assert tiles.kc == kc, (k, tiles.kc)
             blocks = -(-k // kc)
             assert blocks == 1 or (kc % 32 == 0 and k - (blocks - 1) * kc >= 256)
+    # B blocks (kc x nc bf16) at most two cores' L2: 1024 columns 1024 deep on Zen 4's 1 MB,
+    # 2048 (the f32 kernel's widest) on 2 MB or for shallower blocks.
+    for l2, k, nc in ((ZEN4.l2_bytes, 2048, 1024), (ZEN4.l2_bytes, 1000, 1024),
+                      (ZEN4.l2_bytes, 384, 2048), (2 << 20, 2048, 2048)):
+        options = _options("auto", replace(ZEN4, l2_bytes=l2))
+        tiles = gemm_bf16.bf16_tiles(2048, 4096, k, options)
+        assert tiles.nc == nc and tiles.nc % tiles.nr == 0, (l2, k, tiles.nc)
+        assert gemm_bf16.bf16_tiles(64, 777, k, options).nc == min(nc, 800)
 
 
 @pytest.mark.skipif(not ZEN4.runs_on_host, reason="this machine cannot run znver4 code")
