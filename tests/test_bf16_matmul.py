@@ -12,6 +12,7 @@ answer; the instructions in `--emit asm`; and an AMX library in a fresh process.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import ml_dtypes
@@ -417,6 +418,35 @@ def test_zen4_target_runs_the_dot_kernel_in_depth_blocks(m, k, n, kc, monkeypatc
     (gemm,) = [s for s in program_of(module).plans["f"].kernel.body if isinstance(s, Gemm)]
     assert _kernels(module) == ["dot"] and gemm.tiles.kc == kc
     _check_infinite_last_row(module, m, k, n, seed=m + k + n)
+
+
+@pytest.mark.skipif(not ZEN4.runs_on_host, reason="this machine cannot run znver4 code")
+@pytest.mark.parametrize("m,k,n,narrow", [(45, 300, 777, True), (13, 257, 48, True),
+                                          (31, 256, 33, True), (26, 301, 40, True),
+                                          (40, 257, 56, False), (14, 300, 17, False),
+                                          (9, 300, 64, False), (30, 300, 16, False)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_zen4_last_panel_of_at_most_16_columns_runs_a_narrow_kernel(m, k, n, narrow, threads,
+                                                                    tmp_path, monkeypatch,
+                                                                    capsys):
+    # C's last panel of 1 to 16 columns (777 = 24 x 32 + 9, 48 = 32 + 16) runs on a kernel
+    # of one vector of B a step; 17 to 31 columns (56 = 32 + 24, 17) and whole panels on the
+    # full one (and a product of at most 16 columns, one vector wide already, has none).
+    # Exact products either way, the infinities of B's last row in the narrow panel too.
+    from tilegen.compile import main
+
+    source = (f"fn f(a: {_ty((m, k))}, b: {_ty((k, n))}) -> {_ty((m, n), 'F32')} "
+              "{ return matmul(a, b); }")
+    monkeypatch.setenv("TILEGEN_TARGET", "znver4")
+    module = _compile(source, monkeypatch, "auto", threads)
+    assert _kernels(module) == ["dot"]
+    _check_infinite_last_row(module, m, k, n, seed=m * n + threads)
+    kina = tmp_path / "f.kina"
+    kina.write_text(source + "\n")
+    assert main([str(kina), "--emit", "llvm"]) == 0
+    text = capsys.readouterr().out
+    assert "tilegen.gemm.bf16dot.12x32" in text or n <= 16
+    assert bool(re.search(r"@tilegen\.gemm\.bf16dot\.\d+x32\.s\d+\.v1\(", text)) == narrow
 
 
 def test_zen4_assembly_has_vdpbf16ps_and_no_amx(tmp_path, monkeypatch, capsys):

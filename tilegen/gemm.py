@@ -338,12 +338,9 @@ class _GemmEmitter:
         # The depth block `rows` is packing, when it is a whole number of vectors.
         self.whole_depth_block = None
 
-    # The block loops run in the module's shared driver for this micro-kernel, the
-    # packing in functions of the product (tilegen/gemm_driver.py); the 16-bit emitters
-    # keep them inline.
+    # The block loops run in the module's shared driver for this micro-kernel, the packing
+    # in functions of the product (tilegen/gemm_driver.py); 16-bit emitters keep them inline.
     shared_driver = True
-
-    # ---- helpers ------------------------------------------------------------------------------
 
     def const(self, value: int) -> ir.Constant:
         return ir.Constant(I64, value)
@@ -673,15 +670,18 @@ class _GemmEmitter:
             def block(ir_, carried):
                 row0 = b.add(ic, ir_)
                 c = self.c_pointer(row0, col0)
-                b.call(kernel, [self.gep(packed_a, b.mul(ir_, self.const(self.a_stride))),
-                                self.gep(packed_b, self.b_panel_offset(jr, kc)), steps, c,
-                                self.const(g.n),
-                                b.sub(row_hi, row0), columns, first])
+                self.call_kernel(kernel, [
+                    self.gep(packed_a, b.mul(ir_, self.const(self.a_stride))),
+                    self.gep(packed_b, self.b_panel_offset(jr, kc)), steps, c,
+                    self.const(g.n), b.sub(row_hi, row0), columns, first])
                 return carried
             self.cg.loop(self.const(0), mc, t.mr, [], block)
             return carried
         self.cg.loop(self.const(0), nc, t.nr, [], panel)
 
+
+    def call_kernel(self, kernel, args) -> None:
+        self.b.call(kernel, args)  # (Bf16DotEmitter: a narrower kernel for a last panel)
 
     def c_pointer(self, row, column):
         """&C[batch..., row, column] (the batch entry from the gemm's batch variables)."""

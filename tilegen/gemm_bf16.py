@@ -382,6 +382,25 @@ class Bf16DotEmitter(_GemmEmitter):
     def micro_kernel(self) -> ir.Function:
         return dot_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr, self.a_stride)
 
+    def call_kernel(self, kernel, args) -> None:
+        """C's last panel, when it has at most 16 columns (777 = 24 x 32 + 9), on a kernel of
+        one vector of B a step: half the products of the full-width one. With two threads
+        splitting 777 columns, the one with the ragged panel did 13 panels' products
+        against the other's 12 and the other idled about 8 % of the call at the join."""
+        last = self.g.n % self.tiles.nr
+        if self.vectors_per_row < 2 or not 0 < last <= LANES:
+            self.b.call(kernel, args)
+            return
+        columns = args[6]
+        narrow = dot_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr,
+                                  self.a_stride, vectors=1)
+        with self.b.if_else(self.b.icmp_signed("<=", columns, self.const(LANES))) as (
+                then, otherwise):
+            with then:
+                self.b.call(narrow, args)
+            with otherwise:
+                self.b.call(kernel, args)
+
     def micro_steps(self, kc):
         return self.b.ashr(self.panel_depth(kc), self.const(1))
 
@@ -389,14 +408,18 @@ class Bf16DotEmitter(_GemmEmitter):
         return self.b.mul(jr, self.panel_depth(kc))
 
 
-def dot_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int) -> ir.Function:
+def dot_micro_kernel(module: ir.Module, mr: int, nr: int, a_stride: int,
+                     vectors: int | None = None) -> ir.Function:
     """The micro-kernel (signature of micro_kernel.micro_kernel_function, kc counting depth pairs):
-    C[r, j] (+)= sum over pairs p of Ap[r, 2p] Bp[p, j, 0] + Ap[r, 2p + 1] Bp[p, j, 1]."""
-    name = f"tilegen.gemm.bf16dot.{mr}x{nr}.s{a_stride}"
+    C[r, j] (+)= sum over pairs p of Ap[r, 2p] Bp[p, j, 0] + Ap[r, 2p + 1] Bp[p, j, 1], on B
+    panels nr columns wide; with `vectors` only the first 16 x vectors of them (at most
+    that many `cols`)."""
+    parts = nr // LANES if vectors is None else vectors
+    name = f"tilegen.gemm.bf16dot.{mr}x{nr}.s{a_stride}" + (
+        "" if vectors is None else f".v{vectors}")
     existing = module.globals.get(name)
     if existing is not None:
         return existing
-    parts = nr // LANES
     dot = declare_intrinsic(module, "llvm.x86.avx512bf16.dpbf16ps.512", F32_VECTOR,
                             [F32_VECTOR, BF16_PAIRS, BF16_PAIRS])
 
