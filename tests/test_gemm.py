@@ -34,7 +34,9 @@ def _uses_gemm(plan) -> bool:
 SHAPES = [(64, 64, 64), (37, 300, 45), (13, 17, 29), (100, 513, 33), (12, 8, 64),
           (333, 1000, 777), (1, 64, 1024), (257, 31, 16),
           # narrow B (14-row register blocks) with several row and depth blocks
-          (200, 600, 16), (197, 530, 9)]
+          (200, 600, 16), (197, 530, 9),
+          # three depth blocks of 512, the last ragged
+          (45, 1100, 50)]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -106,7 +108,8 @@ fn f(table: {_ty((50, 64))}, ids: {_ty((80,), 'I64')}, w: {_ty((64, 64))})
 def test_micro_kernel_inner_loop_is_fma_without_spills(tmp_path, target, register,
                                                        accumulators):
     """`--emit asm`: the hottest loop of a 1024^3 matmul is a run of vfmadd...ps on the
-    target's vector registers fed by broadcasts of A, with no stack traffic (no spills)."""
+    target's vector registers fed by broadcasts of A, with no stack traffic (no spills) from
+    its label to its branch back."""
     import re
     import subprocess
     import sys
@@ -122,6 +125,9 @@ def test_micro_kernel_inner_loop_is_fma_without_spills(tmp_path, target, registe
     fma_counts = [len(re.findall(rf"vfmadd\d+ps\s+[^\n]*{register}", block))
                   for block in blocks]
     hottest = blocks[max(range(len(blocks)), key=fma_counts.__getitem__)]
+    # The loop: its label to the branch back to it (what follows is the store of C).
+    label = hottest.split(":", 1)[0]
+    hottest = hottest.split(f"\t{label}\n", 1)[0]
     assert max(fma_counts) >= accumulators
     assert "vbroadcastss" in hottest or "{1to16}" in hottest
     assert "(%rsp)" not in hottest and "(%rbp)" not in hottest, hottest
@@ -273,3 +279,53 @@ def test_rows_past_m_in_the_packed_a_block_are_zeros(monkeypatch):
     assert not padding.any()
     exact = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)
+
+
+def test_depth_block_takes_at_most_twice_l1():
+    # kc: the largest power of two up to 512 whose B micro-panel (kc x 2 vectors) fits in
+    # twice L1 (docs/architecture.md, "Depth blocks").
+    from dataclasses import replace
+
+    from tilegen.gemm import depth_block
+    from tilegen.target import NAMED_TARGETS
+
+    zen4, avx2 = NAMED_TARGETS["znver4"], NAMED_TARGETS["x86-64-v3"]
+    for target, kc in ((zen4, 512), (replace(zen4, l1d_bytes=48 << 10), 512),
+                       (replace(zen4, l1d_bytes=16 << 10), 256), (avx2, 512),
+                       (replace(avx2, l1d_bytes=8 << 10), 256)):
+        assert depth_block(target) == kc
+        assert kc * 2 * target.vector_bits // 8 <= 2 * target.l1d_bytes
+
+
+def _function_bodies(llvm_ir: str) -> dict[str, str]:
+    bodies, name = {}, None
+    for line in llvm_ir.splitlines():
+        if line.startswith("define "):
+            name = line.split("@", 1)[1].split("(", 1)[0]
+            bodies[name] = ""
+        elif name is not None:
+            bodies[name] += line + "\n"
+            if line == "}":
+                name = None
+    return bodies
+
+
+def test_packed_gemm_kernels_prefetch_their_block_of_c(tmp_path, capsys, monkeypatch):
+    # Each packed micro-kernel (the inline kernel and the shared driver's) prefetches its
+    # block of C for writing (rw = 1) into L2 (locality 2) before its depth loop: every
+    # line of its 12 rows, the 128-byte row's last byte too, so 3 a row.
+    from tilegen.compile import main
+
+    monkeypatch.setenv("TILEGEN_NUM_THREADS", "1")
+    path = tmp_path / "mm.kina"
+    path.write_text(f"fn mm(a: {_ty((333, 1000))}, b: {_ty((1000, 777))}) -> "
+                    f"{_ty((333, 777))} {{ return matmul(a, b); }}\n")
+    assert main([str(path), "--target", "znver4", "--emit", "llvm"]) == 0
+    kernels = {name: body for name, body in _function_bodies(capsys.readouterr().out).items()
+               if name.startswith("tilegen.gemm.f32.")}
+    assert kernels
+    for name, body in kernels.items():
+        prefetches = [line for line in body.splitlines() if "@llvm.prefetch.p0" in line]
+        assert len(prefetches) == 12 * 3, name
+        assert all(line.rstrip().endswith("i32 1, i32 2, i32 1)") for line in prefetches)
+        assert body.index("@llvm.prefetch.p0") < body.index("@llvm.fma")

@@ -52,7 +52,7 @@ GEMM_PARALLEL_WORK = 1 << 21
 # The register block leaves a quarter of the vector registers for the B row and the A
 # broadcasts, and takes at most this many rows.
 MAX_MR = 14
-# Depth blocks are a power of two up to this: past it the A block outgrows L2.
+# Depth blocks are a power of two up to this: past it the A block (mc x kc) outgrows L2.
 MAX_KC = 512
 
 
@@ -74,11 +74,13 @@ def default_tiles(dtype: str, m: int, n: int, k: int, target: Target) -> L.GemmT
 
 
 def depth_block(target: Target) -> int:
-    """The depth block kc: the largest power of two (at most MAX_KC) whose B micro-panel
-    of two vectors per depth takes at most 3/4 of L1 (256 for 48 KB and 64-byte vectors)."""
+    """The depth block kc: the largest power of two (at most MAX_KC) whose B micro-panel of
+    two vectors per depth takes at most twice L1 (512 for 32 or 48 KB and 64-byte vectors):
+    it streams from L2 with room to spare, while each depth block loads and stores all of C
+    (figures in docs/architecture.md, "Depth blocks")."""
     per_depth = 2 * target.vector_bits // 8
     kc = 1
-    while 2 * kc <= min(MAX_KC, target.l1d_bytes * 3 // 4 // per_depth):
+    while 2 * kc <= min(MAX_KC, target.l1d_bytes * 2 // per_depth):
         kc *= 2
     return kc
 
@@ -94,8 +96,7 @@ def splits_columns(m: int, n: int, tiles: L.GemmTiles, threads: int) -> bool:
     rows of A once per column block of all N, and all of B): whichever packs fewer
     elements per thread, the rows on a tie. With one column block that is columns when
     n > m; with several (AMX panels of 512 columns: 1024^3 on two threads packed 1.5 M
-    elements a thread split by rows and 1 M by columns, and ran about 15% faster in
-    one-thread timings of either thread's share) it can be columns for square products."""
+    elements a thread by rows, 1 M by columns, and ran ~15% faster) it can be columns."""
     if threads <= 1 or -(-n // tiles.nr) < threads:
         return False
     share = -(-n // threads)
@@ -647,7 +648,7 @@ class _GemmEmitter:
 
     def micro_kernel(self) -> ir.Function:
         return micro_kernel_function(self.cg.module, self.g.dtype, self.tiles.mr,
-                                     self.tiles.nr, self.a_stride, self.lanes)
+                                     self.tiles.nr, self.a_stride, self.lanes, True)
 
     def micro_steps(self, kc):
         """The micro-kernel's k-loop trip count for a depth block of kc."""

@@ -332,7 +332,8 @@ class PackCodegen(KernelCodegen):
 def driver_function(module: ir.Module, emitter) -> ir.Function:
     """The driver for `emitter`'s micro-kernel (one per kernel name in a module)."""
     mr, nr = emitter.tiles.mr, emitter.tiles.nr
-    kernel = micro_kernel_function(module, emitter.g.dtype, mr, nr, None, emitter.lanes)
+    kernel = micro_kernel_function(module, emitter.g.dtype, mr, nr, None, emitter.lanes,
+                                   prefetch_c=True)
     name = kernel.name.replace("tilegen.gemm.", "tilegen.gemm.driver.", 1)
     existing = module.globals.get(name)
     if existing is not None:

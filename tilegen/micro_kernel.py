@@ -17,7 +17,8 @@ from .codegen_values import I1, I64, PTR, SCALAR_LLVM, broadcast_mask, zeros
 
 
 def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
-                          a_stride: int | None, lanes: int) -> ir.Function:
+                          a_stride: int | None, lanes: int,
+                          prefetch_c: bool = False) -> ir.Function:
     """`void mk(ptr a, ptr b, i64 kc, ptr c, i64 ldc, i64 rows, i64 cols, i1 first)`:
     C[r, j] (+)= sum over k < kc of Ap[r * a_stride + k] * Bp[k * nr + j], for r < rows
     (at most mr) and j < cols (at most nr); `first` overwrites instead of accumulating.
@@ -25,7 +26,9 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
     One definition per register block in a module, shared by every gemm (small IR, fast
     compiles); its k loop keeps the mr x nr/lanes accumulators in registers. With
     `a_stride` None the stride is a last argument, `i64 a_stride` (the shared gemm driver's
-    kernel, one for every depth block: tilegen/gemm_driver.py)."""
+    kernel, one for every depth block: tilegen/gemm_driver.py). With `prefetch_c` (the packed
+    gemm's kernels, not the Triton backend's dots) each call first prefetches its block of
+    C (prefetch_block)."""
     stride = "" if a_stride is None else f".s{a_stride}"
     name = f"tilegen.gemm.{dtype}.{mr}x{nr}{stride}"
     existing = module.globals.get(name)
@@ -52,7 +55,7 @@ def micro_kernel_function(module: ir.Module, dtype: str, mr: int, nr: int,
                                             accumulators[r * parts + part]]))
         return updated
     return micro_kernel_shell(module, name, dtype, mr, parts, lanes, step,
-                              a_rows=a_stride is None)
+                              a_rows=a_stride is None, prefetch_c=prefetch_c)
 
 
 def cache_line_aligned(b: ir.IRBuilder, pointer):
