@@ -2,7 +2,7 @@
 (`a_read_in_place`), and products whose A is read there -- depth tails from their padded
 slab, the matrix's ragged last rows from packed ones -- against the exact products of the
 bf16 inputs (NumPy float64), with infinities placed where a read past a row's last depth
-would meet B's zero padding; how two threads split a product (gemm.splits_columns:
+would meet B's zero padding; how two threads split a product (gemm_tiles.splits_columns:
 whichever split packs fewer elements a thread, counted here by walking the blocks; the
 columns in single tiles of 16); and panels of at most 16 columns on the kernel of one column
 of tiles, at C's right edge and at the end of a thread's share."""
@@ -17,9 +17,9 @@ import pytest
 
 from kina_frontend import program_from_text
 from tilegen.api import compile_program
-from tilegen.gemm import splits_columns
 from tilegen.gemm_amx import a_read_in_place, hands_out_panels, packs_b_panel_at_a_time
 from tilegen.gemm_bf16 import amx_tiles, amx_usable, is_amx_block
+from tilegen.gemm_tiles import splits_columns
 from tilegen.loopir import Gemm, GemmTiles
 from tilegen.pipeline import codegen
 from tilegen.runtime import program_of

@@ -9,7 +9,7 @@ import numpy as np
 
 from tilegen import autotune, config
 from tilegen.api import compile_source
-from tilegen.gemm import default_tiles
+from tilegen.gemm_tiles import default_tiles
 from tilegen.loopir import Gemm
 from tilegen.runtime import program_of
 

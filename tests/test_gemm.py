@@ -286,7 +286,7 @@ def test_depth_block_takes_at_most_twice_l1():
     # twice L1 (docs/architecture.md, "Depth blocks").
     from dataclasses import replace
 
-    from tilegen.gemm import depth_block
+    from tilegen.gemm_tiles import depth_block
     from tilegen.target import NAMED_TARGETS
 
     zen4, avx2 = NAMED_TARGETS["znver4"], NAMED_TARGETS["x86-64-v3"]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kina_frontend import program_from_text
 from tilegen import config, pipeline
 from tilegen.api import compile_program
-from tilegen.gemm import GEMM_MIN_WORK
+from tilegen.gemm_tiles import GEMM_MIN_WORK
 from tilegen.loopir import Gemm
 
 

@@ -139,7 +139,7 @@ def test_f64_few_rows(monkeypatch):
 
 def test_a_dear_to_recompute_is_stored_once_for_both_threads(monkeypatch):
     """Both threads pack all of A (they split the columns): a contraction as A is stored
-    first rather than computed twice, as gemm.operand_evaluations does for the packed path."""
+    first rather than computed twice, as gemm_tiles.operand_evaluations does for the packed path."""
     source = f"""
 fn f(p: {_ty((16, 13))}, v: {_ty((13, 33))}, w: {_ty((33, 2000))})
     -> {_ty((16, 2000))} {{

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kina_frontend import program_from_text
 from tilegen.api import compile_program
-from tilegen.gemm import GEMM_PARALLEL_WORK
+from tilegen.gemm_tiles import GEMM_PARALLEL_WORK
 from tilegen.loopir import Gemm, Load, Reduce, subexpressions
 from tilegen.runtime import program_of
 

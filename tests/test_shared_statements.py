@@ -298,7 +298,7 @@ def test_only_glue_around_parallel_regions_is_unoptimised(threads, monkeypatch):
     module's gemm driver (one thread: tilegen/gemm_driver.py), and the parallel region of
     a driven product is glue too; both compute the same."""
     monkeypatch.setenv("TILEGEN_NUM_THREADS", str(threads))
-    rows, width = 200, 128  # 6.5 M flops a product: on every thread (gemm.GEMM_PARALLEL_WORK)
+    rows, width = 200, 128  # 6.5 M flops a product: on every thread (gemm_tiles.GEMM_PARALLEL_WORK)
     lines = [f"fn net(x: {_ty((rows, width))}, w: {_ty((width, width))}) -> "
              f"{_ty((rows, width))} {{", "  let h1 = relu(x) @ w;", "  let h2 = relu(h1) @ w;",
              "  return relu(h2) @ w;", "}"]

@@ -40,7 +40,7 @@ from kina_frontend.types import DType
 
 from . import loopir as L
 from .affine import to_affine
-from .gemm import GEMM_PARALLEL_WORK
+from .gemm_tiles import GEMM_PARALLEL_WORK
 from .views import View
 
 # The operand positions through which each elementwise op may carry the scores.

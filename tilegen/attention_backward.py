@@ -40,7 +40,7 @@ from . import attention
 from . import loopir as L
 from .attention import CHAIN_OPS, padded_width
 from .attention_ir import AttentionBackward, AttentionGradient
-from .gemm import GEMM_PARALLEL_WORK
+from .gemm_tiles import GEMM_PARALLEL_WORK
 from .views import View
 
 

@@ -4,7 +4,7 @@ With TILEGEN_AUTOTUNE=1, the first compile of a matmul shape times each candidat
 and remembers the fastest: in memory, and in TILEGEN_CACHE_DIR/autotune.json when the
 disk cache is on. Timing a candidate means compiling and running it, which only the
 driver can do: it hands `choose` a `measure` callback (tilegen/tuning.py), so this module
-imports no pipeline stage. Without autotuning, `gemm.default_tiles` gives a
+imports no pipeline stage. Without autotuning, `gemm_tiles.default_tiles` gives a
 deterministic choice.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import loopir as L
 from .cache import _atomic_write
-from .gemm import column_block, default_tiles
+from .gemm_tiles import column_block, default_tiles
 from .target import Target
 
 # Register blocks (mr x nr) that keep 24 or fewer vector accumulators, and cache blocks.

@@ -34,6 +34,7 @@ from llvmlite import ir
 from . import gemm_driver
 from . import loopir as L
 from .codegen_values import SCALAR_LLVM, Lane, Val, bind_flat_index, int_constant, zeros
+from .gemm_tiles import splits_columns
 from .micro_kernel import (
     I64,
     PTR,
@@ -43,84 +44,6 @@ from .micro_kernel import (
     smin,
 )
 from .schedule import strided_load
-from .target import Target
-
-# Products of at least this many multiply-adds become a packed gemm (lower.gemm_pays);
-# from GEMM_PARALLEL_WORK flops on they (and fused attention) run on every thread.
-GEMM_MIN_WORK = 1 << 16
-GEMM_PARALLEL_WORK = 1 << 21
-# The register block leaves a quarter of the vector registers for the B row and the A
-# broadcasts, and takes at most this many rows.
-MAX_MR = 14
-# Depth blocks are a power of two up to this: past it the A block (mc x kc) outgrows L2.
-MAX_KC = 512
-
-
-def supports(dtype: str) -> bool:
-    """Whether the packed gemm handles `dtype` (the float types computed in their own
-    type)."""
-    return dtype in L.FLOAT_TYPES
-
-
-def default_tiles(dtype: str, m: int, n: int, k: int, target: Target) -> L.GemmTiles:
-    """The deterministic default tiling (autotuning may pick another candidate)."""
-    lanes = target.lanes(dtype)
-    nr = 2 * lanes if n > lanes else lanes
-    mr = min(MAX_MR, target.vector_registers * 3 // 4 // (nr // lanes))
-    kc = min(depth_block(target), k)
-    mc = max(mr, min(96 // mr * mr, -(-m // mr) * mr))  # whole register blocks
-    nc = column_block(n, nr)
-    return L.GemmTiles(mr, nr, kc, mc, nc)
-
-
-def depth_block(target: Target) -> int:
-    """The depth block kc: the largest power of two (at most MAX_KC) whose B micro-panel of
-    two vectors per depth takes at most twice L1 (512 for 32 or 48 KB and 64-byte vectors):
-    it streams from L2 with room to spare, while each depth block loads and stores all of C
-    (figures in docs/architecture.md, "Depth blocks")."""
-    per_depth = 2 * target.vector_bits // 8
-    kc = 1
-    while 2 * kc <= min(MAX_KC, target.l1d_bytes * 2 // per_depth):
-        kc *= 2
-    return kc
-
-
-def column_block(n: int, nr: int, limit: int = 2048) -> int:
-    """The B panel width: whole micro-panels (a multiple of nr), at most about `limit`."""
-    return min(-(-n // nr), max(1, limit // nr)) * nr
-
-
-def splits_columns(m: int, n: int, tiles: L.GemmTiles, threads: int) -> bool:
-    """Whether one batch entry's threads split the columns (each packing all of A once per
-    column block of its part, and its part of B) rather than the rows (each packing its
-    rows of A once per column block of all N, and all of B): whichever packs fewer
-    elements per thread, the rows on a tie. With one column block that is columns when
-    n > m; with several (AMX panels of 512 columns: 1024^3 on two threads packed 1.5 M
-    elements a thread by rows, 1 M by columns, and ran ~15% faster) it can be columns."""
-    if threads <= 1 or -(-n // tiles.nr) < threads:
-        return False
-    share = -(-n // threads)
-    # Elements per thread times `threads` (the depth k is common to both and left out).
-    by_rows = -(-n // tiles.nc) * m + n * threads
-    by_columns = -(-share // tiles.nc) * m * threads + n
-    return by_columns < by_rows
-
-
-def operand_evaluations(m: int, n: int, batches: int, tiles: L.GemmTiles,
-                        threads: int) -> tuple[int, int]:
-    """How many times packing evaluates each element of A and of B (at most): A once per
-    column block of each thread that packs it, B once per thread that packs it. An operand
-    computed while packing (a fused producer) costs that many evaluations."""
-    def blocks(columns: int) -> int:
-        return -(-columns // tiles.nc)
-    row_units = -(-m // tiles.mr)
-    if threads > 1 and batches > 1 and batches * row_units >= 2:
-        # (entry, row block) pairs split in contiguous runs: an entry's B is packed by
-        # two threads at most, and by one when every thread has several entries.
-        return blocks(n), 1 if batches >= 2 * threads else threads
-    if splits_columns(m, n, tiles, threads):
-        return threads * blocks(-(-n // threads)), 1
-    return blocks(n), min(threads, row_units)
 
 
 def emit_gemm(cg, gemm: L.Gemm) -> None:

@@ -63,7 +63,7 @@ from llvmlite import ir
 
 from . import loopir as L
 from .amx_kernel import AHEAD_ROWS, TILE_BYTES, TILE_COLUMNS, amx_micro_kernel
-from .gemm import PACKED_EMITTERS, batches_in_parallel, column_share_widths, splits_columns
+from .gemm import PACKED_EMITTERS, batches_in_parallel, column_share_widths
 from .gemm_bf16 import (
     AMX_DEPTH,
     AMX_TILE_ROWS,
@@ -74,6 +74,7 @@ from .gemm_bf16 import (
     is_amx_block,
     operand_pointer,
 )
+from .gemm_tiles import splits_columns
 from .micro_kernel import I64, PTR, declare_intrinsic, element_pointer, smin
 from .target import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 

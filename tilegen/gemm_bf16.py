@@ -35,7 +35,8 @@ from llvmlite import ir
 from . import loopir as L
 from .codegen_values import Val
 from .config import Config
-from .gemm import _GemmEmitter, column_block, default_tiles
+from .gemm import _GemmEmitter
+from .gemm_tiles import column_block, default_tiles
 from .micro_kernel import I64, declare_intrinsic, element_pointer, micro_kernel_shell, splat
 from .schedule import flat_coefficient
 from .target import Target, amx_tile_permission
@@ -154,7 +155,7 @@ def dot_column_limit(kc: int, target: Target) -> int:
     on Zen 4's 1 MB). 2048^3 on two threads on Zen 4 ran 4-6 % faster with B blocks of
     1024 columns than of 2048 (ad hoc A/B in one process, torch bf16 alongside: 43.8-45.7
     against 45.8-48.6 ms, 768 columns 45.8), and its threads then split the columns, each
-    packing its half of B instead of all of it (gemm.splits_columns)."""
+    packing its half of B instead of all of it (gemm_tiles.splits_columns)."""
     return max(LANES, min(2048, target.l2_bytes // kc))
 
 
@@ -220,7 +221,7 @@ def amx_depth_block(k: int) -> int:
 def is_amx_block(tiles: L.GemmTiles) -> bool:
     """Whether a bf16 gemm's register block is whole AMX tiles (mr 16 or 32, nr 32): how
     codegen tells an AMX gemm from a `vdpbf16ps` one (whose default mr is at most
-    gemm.MAX_MR = 14), on a target with AMX."""
+    gemm_tiles.MAX_MR = 14), on a target with AMX."""
     return tiles.nr == AMX_COLUMNS and tiles.mr in (AMX_TILE_ROWS, AMX_ROWS)
 
 

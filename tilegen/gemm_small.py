@@ -106,7 +106,7 @@ def operand_evaluations(m: int, n: int, batches: int, tiles: L.GemmTiles,
                         threads: int) -> tuple[int, int]:
     """How many times the in-place path evaluates each element of A and of B: A once per
     thread working on its entry (the threads split the columns, each packs all of A), B once
-    (it is read, not packed). gemm.operand_evaluations' signature."""
+    (it is read, not packed). gemm_tiles.operand_evaluations' signature."""
     del m
     units = batches * -(-n // tiles.nr)
     if threads <= 1 or units < 2:

@@ -19,19 +19,18 @@ from kina_frontend.ops import REGISTRY
 from kina_frontend.tensor_ir import Function, Operation
 from kina_frontend.types import DType, TensorType
 
-from . import attention_backward, config, gemm_bf16, gemm_small
-from . import gemm as gemm_module
+from . import attention_backward, config, gemm_bf16, gemm_small, gemm_tiles
 from . import loopir as L
 from .affine import IndexSimplifier
 from .config import Config
-from .gemm import GEMM_MIN_WORK, GEMM_PARALLEL_WORK
+from .gemm_tiles import GEMM_MIN_WORK, GEMM_PARALLEL_WORK
 from .views import View
 
 # A fused chain deeper than this is stored and restarted: expression trees (and the
 # recursion that builds and compiles them) stay bounded for chains of any length.
 MAX_FUSION_DEPTH = 48
 
-# Matrix products with at least gemm.GEMM_MIN_WORK multiply-adds use the packed
+# Matrix products with at least gemm_tiles.GEMM_MIN_WORK multiply-adds use the packed
 # micro-kernel (tilegen/gemm.py); smaller ones stay fused `Reduce` expressions.
 
 # A view is materialised before a consumer that reads each element more than once when
@@ -46,7 +45,7 @@ def scalar_type(dtype: DType) -> str:
 
 
 # (dtype, batch extents, m, n, k, threads) -> the tiles of that matmul. The driver hands
-# one in (tilegen/tuning.py: autotuning); without one, gemm.default_tiles.
+# one in (tilegen/tuning.py: autotuning); without one, gemm_tiles.default_tiles.
 TileChooser = Callable[[str, tuple[int, ...], int, int, int, int], L.GemmTiles]
 
 
@@ -186,7 +185,7 @@ class LowerContext:
         """Whether a @ b is big enough for packed panels to beat the fused `Reduce` form."""
         m, k = a.type.concrete_shape[-2:]
         n = b.type.concrete_shape[-1]
-        packed = gemm_module.supports(a.type.dtype.value) or a.type.dtype is DType.BF16
+        packed = gemm_tiles.supports(a.type.dtype.value) or a.type.dtype is DType.BF16
         return packed and m * n * k >= GEMM_MIN_WORK and n >= 8 and k >= 8
 
     def gemm(self, out: str, a: View, b: View) -> L.Gemm:
@@ -213,12 +212,12 @@ class LowerContext:
         elif self.choose_tiles is not None:
             tiles = self.choose_tiles(dtype, batch_extents, m, n, k, threads)
         else:
-            tiles = gemm_module.default_tiles(dtype, m, n, k, self.options.target)
+            tiles = gemm_tiles.default_tiles(dtype, m, n, k, self.options.target)
         # An operand computed while packing (a fused producer) is evaluated once per packing
         # of it; one that is dear to recompute (a contraction, as p @ v read by the output
         # projection) is stored first when packing would evaluate it more than once.
         evaluations = gemm_small.operand_evaluations if tiles.b_in_place else \
-            gemm_module.operand_evaluations
+            gemm_tiles.operand_evaluations
         a_evaluations, b_evaluations = evaluations(
             m, n, math.prod(batch_extents), tiles, threads)
         a, b = self.reusable(a, a_evaluations), self.reusable(b, b_evaluations)
@@ -245,7 +244,7 @@ def lower_function(function: Function, kernel_name: str | None = None,
                    options: Config | None = None,
                    choose_tiles: TileChooser | None = None) -> L.Kernel:
     """Lower an inlined function (no `call`/`reverse_mode`/`placeholder`) to a kernel;
-    `choose_tiles` picks each matmul's tiles (default: gemm.default_tiles)."""
+    `choose_tiles` picks each matmul's tiles (default: gemm_tiles.default_tiles)."""
     ctx = LowerContext(function, options or config.load(), choose_tiles)
     views: dict[str, View] = {}
     inputs = []
