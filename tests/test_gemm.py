@@ -329,3 +329,25 @@ def test_packed_gemm_kernels_prefetch_their_block_of_c(tmp_path, capsys, monkeyp
         assert len(prefetches) == 12 * 3, name
         assert all(line.rstrip().endswith("i32 1, i32 2, i32 1)") for line in prefetches)
         assert body.index("@llvm.prefetch.p0") < body.index("@llvm.fma")
+
+
+def test_column_blocks_keep_b_within_two_cores_l2_shared_out_evenly():
+    # nc: whole micro-panels, at most 2048 columns and at most what keeps kc x nc within the
+    # L2 of two cores, the columns spread evenly over the blocks that takes.
+    from dataclasses import replace
+
+    from tilegen.gemm_tiles import default_tiles, l2_column_block
+    from tilegen.target import NAMED_TARGETS
+
+    zen4 = NAMED_TARGETS["znver4"]  # 1 MB L2
+    for (m, n, k), nc in (((2048, 2048, 2048), 1024), ((4096, 1536, 384), 768),
+                          ((4096, 384, 1536), 384), ((333, 777, 1000), 800),
+                          ((100, 3000, 512), 1024), ((64, 5000, 64), 1696)):
+        tiles = default_tiles("f32", m, n, k, zen4)
+        assert tiles.nc == nc and nc % tiles.nr == 0, (m, n, k, tiles)
+        assert tiles.kc * (nc - tiles.nr) * 4 < 2 * zen4.l2_bytes
+        blocks = -(-n // nc)
+        assert n - (blocks - 1) * nc > nc - blocks * tiles.nr  # the last block is not a sliver
+    assert default_tiles("f32", 2048, 2048, 2048, replace(zen4, l2_bytes=2 << 20)).nc == 2048
+    assert l2_column_block(2048, 32, 1024, 2, zen4) == 1024  # bf16, 1024 deep
+    assert l2_column_block(20, 16, 1 << 20, 8, zen4) == 16  # never under one micro-panel

@@ -36,7 +36,7 @@ from . import loopir as L
 from .codegen_values import Val
 from .config import Config
 from .gemm import _GemmEmitter
-from .gemm_tiles import column_block, default_tiles
+from .gemm_tiles import column_block, default_tiles, l2_column_block
 from .micro_kernel import I64, declare_intrinsic, element_pointer, micro_kernel_shell, splat
 from .schedule import flat_coefficient
 from .target import Target, amx_tile_permission
@@ -145,18 +145,7 @@ def bf16_tiles(m: int, n: int, k: int, options: Config, threads: int = 1) -> L.G
         return amx_tiles(m, n, k, options.target, threads)
     tiles = default_tiles(L.F32, m, n, k, options.target)
     kc = dot_depth_block(k)
-    return replace(tiles, kc=kc, nc=column_block(n, tiles.nr, dot_column_limit(kc,
-                                                                           options.target)))
-
-
-def dot_column_limit(kc: int, target: Target) -> int:
-    """The vdpbf16ps kernel's widest B block, in columns: 2048 (the f32 kernel's), or
-    fewer where its kc x nc bf16 would outgrow the L2 of two cores (1024 columns 1024 deep
-    on Zen 4's 1 MB). 2048^3 on two threads on Zen 4 ran 4-6 % faster with B blocks of
-    1024 columns than of 2048 (ad hoc A/B in one process, torch bf16 alongside: 43.8-45.7
-    against 45.8-48.6 ms, 768 columns 45.8), and its threads then split the columns, each
-    packing its half of B instead of all of it (gemm_tiles.splits_columns)."""
-    return max(LANES, min(2048, target.l2_bytes // kc))
+    return replace(tiles, kc=kc, nc=l2_column_block(n, tiles.nr, kc, 2, options.target))
 
 
 def dot_depth_block(k: int) -> int:
