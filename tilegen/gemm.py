@@ -571,7 +571,8 @@ class _GemmEmitter:
 
     def micro_kernel(self) -> ir.Function:
         return micro_kernel_function(self.cg.module, self.g.dtype, self.tiles.mr,
-                                     self.tiles.nr, self.a_stride, self.lanes, True)
+                                     self.tiles.nr, self.a_stride, self.lanes,
+                                     prefetch_c=True)
 
     def micro_steps(self, kc):
         """The micro-kernel's k-loop trip count for a depth block of kc."""
@@ -602,7 +603,6 @@ class _GemmEmitter:
             self.cg.loop(self.const(0), mc, t.mr, [], block)
             return carried
         self.cg.loop(self.const(0), nc, t.nr, [], panel)
-
 
     def call_kernel(self, kernel, args) -> None:
         self.b.call(kernel, args)  # (Bf16DotEmitter: a narrower kernel for a last panel)

@@ -381,7 +381,7 @@ class Bf16DotEmitter(_GemmEmitter):
         if self.vectors_per_row < 2 or not 0 < last <= LANES:
             self.b.call(kernel, args)
             return
-        columns = args[6]
+        columns = args[6]  # the call's `cols` (micro_kernel_function's signature)
         narrow = dot_micro_kernel(self.cg.module, self.tiles.mr, self.tiles.nr,
                                   self.a_stride, vectors=1)
         with self.b.if_else(self.b.icmp_signed("<=", columns, self.const(LANES))) as (
