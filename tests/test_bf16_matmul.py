@@ -459,3 +459,45 @@ def test_zen4_assembly_has_vdpbf16ps_and_no_amx(tmp_path, monkeypatch, capsys):
     assert main([str(path), "--target", "znver4", "--emit", "asm"]) == 0
     text = capsys.readouterr().out
     assert "vdpbf16ps" in text and "tdpbf16ps" not in text
+
+
+@pytest.mark.skipif(not ZEN4.runs_on_host, reason="this machine cannot run znver4 code")
+@pytest.mark.parametrize("batch,m,k,n,in_place", [
+    ((), 333, 1000, 777, True), ((), 37, 300, 45, True), ((), 25, 514, 50, True),
+    ((3,), 37, 300, 45, True), ((2,), 12, 998, 33, True),
+    ((), 40, 2048, 50, False), ((), 37, 301, 45, False), ((), 40, 1536, 50, False)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_zen4_dot_kernel_reads_a_row_major_bf16_a_in_place(batch, m, k, n, in_place, threads,
+                                                          tmp_path, monkeypatch, capsys):
+    # A plain row-major bf16 A whose rows spread over L1's sets (2000, 600, 1028, 1996
+    # bytes apart) is read where it is: the kernel's A stride is K itself, not kc rounded
+    # up to 16. Only the matrix's ragged last register block (37 = 3 x 12 + 1 rows; 25 =
+    # 2 x 12 + 1) is packed, zero rows past M. Rows 4 KB or 3 KB apart (factors 4096 and
+    # 1024: all 12 rows of a block on one or four sets), and an odd depth (a pair would
+    # reach past the row), keep A packed.
+    from tilegen.compile import main
+
+    source = (f"fn f(a: {_ty((*batch, m, k))}, b: {_ty((*batch, k, n))}) -> "
+              f"{_ty((*batch, m, n), 'F32')} {{ return matmul(a, b); }}")
+    monkeypatch.setenv("TILEGEN_TARGET", "znver4")
+    module = _compile(source, monkeypatch, "auto", threads)
+    assert _kernels(module) == ["dot"]
+    rng = np.random.default_rng(m + k + n + threads)
+    a, b = _bf16(rng, (*batch, m, k)), _bf16(rng, (*batch, k, n))
+    a[..., -1, :] = np.linspace(-3, 3, k).astype(BF16)  # the packed last row's values
+    _check(module.f(a, b), a, b)
+    if not batch:
+        _check_infinite_last_row(module, m, k, n, seed=m * n + threads)
+    kina = tmp_path / "f.kina"
+    kina.write_text(source + "\n")
+    assert main([str(kina), "--emit", "llvm"]) == 0
+    strides = set(re.findall(r"@tilegen\.gemm\.bf16dot\.12x32\.s(\d+)\(", capsys.readouterr().out))
+    (gemm,) = [s for s in program_of(module).plans["f"].kernel.body if isinstance(s, Gemm)]
+    packed_stride = -(-gemm.tiles.kc // 16) * 16
+    assert strides == {str(k if in_place else packed_stride)}
+
+
+def test_dot_a_in_place_rule():
+    # Row bytes with no power-of-two factor above 256 spread over L1's sets.
+    assert [gemm_bf16.rows_spread(2 * k) for k in (1000, 300, 514, 384, 1040, 1024, 1536)] \
+        == [True, True, True, True, True, False, False]

@@ -282,6 +282,9 @@ class _GemmEmitter:
     def b_panel_elements(self) -> int:
         return self.tiles.kc * self.tiles.nc
 
+    def a_panel_elements(self) -> int:
+        return self.tiles.mc * self.a_stride
+
     def hands_out_panels(self) -> bool:
         """Whether threads that split the columns take B micro-panels one at a time from a
         counter (panels_from) rather than a fixed share each (rows)."""
@@ -373,7 +376,7 @@ class _GemmEmitter:
     def packed_panels(self):
         """(packed A, packed B) in this thread's scratch block (`scratch`, `panels`) for the
         code emitted inside the `with`; the block goes back to its slot after it."""
-        a_size = self.tiles.mc * self.a_stride
+        a_size = self.a_panel_elements()
         block, slot = self.scratch(a_size + self.b_panel_elements())
         yield self.panels(block, a_size)
         self.cg.cleanups.remove(block)
@@ -596,13 +599,18 @@ class _GemmEmitter:
                 row0 = b.add(ic, ir_)
                 c = self.c_pointer(row0, col0)
                 self.call_kernel(kernel, [
-                    self.gep(packed_a, b.mul(ir_, self.const(self.a_stride))),
+                    self.a_block(packed_a, ir_),
                     self.gep(packed_b, self.b_panel_offset(jr, kc)), steps, c,
                     self.const(g.n), b.sub(row_hi, row0), columns, first])
                 return carried
             self.cg.loop(self.const(0), mc, t.mr, [], block)
             return carried
         self.cg.loop(self.const(0), nc, t.nr, [], panel)
+
+    def a_block(self, packed_a, row):
+        """Where the kernel reads the register block of A's rows from `row` of the row
+        block (Bf16DotEmitter: where A is, for an A it reads in place)."""
+        return self.gep(packed_a, self.b.mul(row, self.const(self.a_stride)))
 
     def call_kernel(self, kernel, args) -> None:
         self.b.call(kernel, args)  # (Bf16DotEmitter: a narrower kernel for a last panel)

@@ -73,6 +73,7 @@ from .gemm_bf16 import (
     bf16_row_stride,
     is_amx_block,
     operand_pointer,
+    rows_spread,
 )
 from .gemm_tiles import splits_columns
 from .micro_kernel import I64, PTR, declare_intrinsic, element_pointer, smin
@@ -81,11 +82,6 @@ from .target import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 # Rows of A that copy_a_slabs copies side by side, slab by slab.
 COPY_ROWS = 4
-# A is read in place only when its row stride in bytes has no power-of-two factor above
-# this, so a block's 32 rows fall on at least 16 of L1's 64 sets: at 2 and 4 KB (1024^3,
-# 2048^3) they fell on 2 to 4 and the product ran 20-30% slower than on packed A, while
-# 333 x 1000 x 777 (2000 bytes) ran about 5% faster without packing A (one-thread timings).
-SPREAD_ROW_BYTES = 256
 # The kernel status when Linux refuses tile data (runtime.py and cabi.py report it).
 STATUS_NO_TILE_DATA = -2
 
@@ -102,6 +98,7 @@ class AmxEmitter(Bf16DotEmitter):
 
     def __init__(self, cg, gemm: L.Gemm):
         super().__init__(cg, gemm)
+        self.dot_a_stride = None  # the dot kernel's A in place; AMX reads A its own way
         self.tile_depth = -(-gemm.tiles.kc // AMX_DEPTH) * AMX_DEPTH  # the deepest panel
         # A's row stride in elements when its tiles are read where A is (a_read_in_place).
         self.a_row_stride = a_read_in_place(gemm, cg.buffers)
@@ -505,10 +502,7 @@ def a_read_in_place(gemm: L.Gemm, buffers) -> int | None:
     row_stride = bf16_row_stride(gemm, buffers, gemm.a_elem, gemm.k, gemm.i)
     if row_stride is None or row_stride <= 0:
         return None
-    row_bytes = 2 * row_stride
-    if row_bytes & -row_bytes > SPREAD_ROW_BYTES:
-        return None
-    return row_stride
+    return row_stride if rows_spread(2 * row_stride) else None
 
 
 def bf16_emitter(cg, gemm: L.Gemm):

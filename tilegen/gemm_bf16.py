@@ -10,11 +10,16 @@ runs the loop structure of tilegen/gemm.py (column, depth and row blocks, thread
                                        per column, nr columns per panel (zeros past N)
 
 A block's odd depth is padded with a zero row of B and a zero column of A (pack_a already
-writes zeros up to its vector width). The micro-kernel broadcasts one 32-bit pair of A per
-row (a 32-bit broadcast) against nr / 16 vectors of B pairs: mr x nr / 16 accumulators,
-12 x 2 for the default 12 x 32 block, as in the f32 kernel, over depth blocks of up to
-1024 (dot_depth_block), its block of C prefetched at each call's start. What bounds it is
-the instruction's issue rate (docs/architecture.md, "BF16 on vdpbf16ps").
+writes zeros up to its vector width). A plain row-major bf16 A whose rows spread over L1's
+sets, with even depths, is not packed (dot_a_in_place): the kernel broadcasts its pairs
+where A is, at A's row stride, and only the matrix's ragged last register block, whose
+rows past M do not exist, is packed at that stride.
+
+The micro-kernel broadcasts one 32-bit pair of A per row (a 32-bit broadcast) against
+nr / 16 vectors of B pairs: mr x nr / 16 accumulators, 12 x 2 for the default 12 x 32
+block, as in the f32 kernel, over depth blocks of up to 1024 (dot_depth_block), its block
+of C prefetched at each call's start. What bounds it is the instruction's issue rate
+(docs/architecture.md, "BF16 on vdpbf16ps").
 
 `vdpbf16ps` flushes bf16 subnormal inputs to zero and rounds its f32 sum to nearest-even;
 the products of normal bf16 values are exact in f32, so results differ from a widening f32
@@ -51,6 +56,13 @@ AMX_TILE_ROWS = 16
 AMX_DEPTH = 32  # bf16 depths per tile row of A (16 pairs per tile of B)
 AMX_ROWS, AMX_COLUMNS = 32, 32
 AMX_MAX_KC = 1024
+# A is read in place (by AMX's tiles, or the dot kernel's broadcasts) only when its row
+# stride in bytes has no power-of-two factor above this, so a block's rows fall on many of
+# L1's 64 sets: at 2 and 4 KB (1024^3, 2048^3) 32 rows fell on 2 to 4 and an AMX product
+# ran 20-30% slower than on packed A, while 333 x 1000 x 777 (2000 bytes) ran about 5%
+# faster without packing A (one-thread timings); the dot kernel's 12 rows, 4 KB apart,
+# ran 2048^3 about 10% slower.
+SPREAD_ROW_BYTES = 256
 
 
 class NamedLLVMType(ir.Type):
@@ -244,6 +256,26 @@ def operand_pointer(cg, load: L.Load, at: dict):
     return element_pointer(b, cg.pointers[load.buffer], offset, I16)
 
 
+def dot_a_in_place(gemm: L.Gemm, buffers) -> int | None:
+    """A's row stride in elements when the `vdpbf16ps` kernel broadcasts A's depth pairs
+    from where A is instead of packing it: A is a plain load of a bf16 buffer, contiguous
+    along k (bf16_row_stride), its rows spread over L1's sets (rows_spread), and its depth
+    blocks start and end on whole pairs (even K, kc and row stride), so no pair reaches
+    past a block or a row. Two threads on Zen 4, ad hoc A/B against packing, torch
+    alongside: 333 x 1000 x 777 (rows 2000 bytes apart) 1.22-1.25 ms packed, 1.20-1.22 in
+    place; 2048^3 (4 KB apart, all 12 rows of a block on one set) 40.3 against 45.1."""
+    stride = bf16_row_stride(gemm, buffers, gemm.a_elem, gemm.k, gemm.i)
+    if stride is None or stride <= 0 or stride % 2 or gemm.k_extent % 2 or gemm.tiles.kc % 2:
+        return None
+    return stride if rows_spread(2 * stride) else None
+
+
+def rows_spread(row_bytes: int) -> bool:
+    """Whether rows `row_bytes` apart fall on many of L1's 64 sets: their stride has no
+    power-of-two factor above SPREAD_ROW_BYTES, so 16 rows fall on at least 16 sets."""
+    return row_bytes & -row_bytes <= SPREAD_ROW_BYTES
+
+
 def _even(count):
     return (count + 1) // 2 * 2
 
@@ -260,6 +292,51 @@ class Bf16DotEmitter(_GemmEmitter):
         self.g = gemm
         self.packed_element = I16
         self.packed_bytes = 2
+        # A's row stride in elements when the kernel reads A where it is (dot_a_in_place);
+        # its pairs are then broadcast from A's rows, and only the matrix's ragged last
+        # register block is packed, at the same stride.
+        self.dot_a_stride = dot_a_in_place(gemm, cg.buffers)
+        if self.dot_a_stride is not None:
+            self.a_stride = self.dot_a_stride
+        self.direct = None  # (&A[ic, pc], rows read in place): pack_a sets it
+
+    def a_panel_elements(self) -> int:
+        if self.dot_a_stride is None:
+            return super().a_panel_elements()
+        # One register block (the ragged last one); pack_a's last vector of a row may run
+        # up to 15 elements past it.
+        return self.tiles.mr * self.a_stride + LANES
+
+    def pack_a(self, packed, ic, mc, pc, kc) -> None:
+        """For an A read in place, only the rows of the block's last register block that
+        A has not got past M: packed (zeros past M and kc) at A's row stride."""
+        if self.dot_a_stride is None:
+            super().pack_a(packed, ic, mc, pc, kc)
+            return
+        b, mr = self.b, self.tiles.mr
+        whole = b.mul(b.sdiv(mc, self.const(mr)), self.const(mr))
+        exists = b.icmp_signed("<=", b.add(ic, b.add(whole, self.const(mr))),
+                               self.const(self.g.m))
+        direct = b.select(exists, mc, whole)  # rows past mc that A has are never stored
+        self.direct = (operand_pointer(self.cg, self.g.a_elem, {self.g.i: ic, self.g.k: pc}),
+                       direct)
+        with b.if_then(b.icmp_signed("<", direct, mc), likely=False):
+            rest = b.sub(mc, direct)
+            super().pack_a(packed, b.add(ic, direct), rest, pc, kc)
+            super().zero_a_rows(packed, rest, kc)
+
+    def zero_a_rows(self, packed, mc, kc) -> None:
+        if self.dot_a_stride is None:  # else pack_a zeroed the packed block's rows
+            super().zero_a_rows(packed, mc, kc)
+
+    def a_block(self, packed_a, row):
+        if self.dot_a_stride is None:
+            return super().a_block(packed_a, row)
+        b = self.b
+        start, direct = self.direct
+        in_place = element_pointer(b, start, b.mul(row, self.const(self.a_stride)), I16)
+        packed = super().a_block(packed_a, b.sub(row, direct))
+        return b.select(b.icmp_signed("<", row, direct), in_place, packed)
 
     def bits(self, value):
         """The bf16 bits of an f32 vector whose values are bf16 already (exact, no rounding:
