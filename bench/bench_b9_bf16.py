@@ -12,6 +12,9 @@ operands, f32 accumulation, an F32 result):
 - `torch-bf16`: `torch.matmul` of bf16 tensors (oneDNN; its result is bf16).
 Every result is checked against the float64 product of the bf16 values before timing
 (tilegen within f32 accumulation error, torch within its bf16 output rounding).
+`test_b9_bf16_matmul_paired` times `tilegen-bf16` and `torch-bf16` once more, in
+alternating rounds (bench.common.measure_paired): the ratio of each round's two calls,
+its median and a bootstrap 95% interval.
 
 MiniLM encode of 32 × 128 tokens (B8's workload): `tilegen-bf16` is
 `SentenceEncoder(weights="bf16")`, `tilegen` the F32 encoder; the BF16 embeddings are
@@ -38,6 +41,7 @@ from bench.common import (
     Case,
     compile_kina,
     measure,
+    measure_paired,
     need,
     tilegen_threads,
     torch_threads,
@@ -176,6 +180,22 @@ def test_b9_bf16_matmul(benchmark, shape, provider, matmul_data, bf16_modules, k
     case = _matmul_case(provider, shape, matmul_data(shape), bf16_modules, kina_function)
     measure(benchmark, f"B9 BF16 matmul {shape.label}", provider, case, units=1,
             unit="call", flops=2 * shape.m * shape.k * shape.n)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.label)
+def test_b9_bf16_matmul_paired(benchmark, shape, matmul_data, bf16_modules, kina_function,
+                               full_run_only):
+    """tilegen-bf16 against torch-bf16 in alternating rounds (bench.common.measure_paired):
+    the ratio with an interval, which the separate rows above, seconds apart on a shared
+    VM, swing around by several per cent."""
+    if shape.slow:
+        full_run_only(f"BF16 matmul {shape.label}: 17 GFLOP per call, plus its float64 "
+                      "reference")
+    data = matmul_data(shape)
+    cases = [(provider, _matmul_case(provider, shape, data, bf16_modules, kina_function))
+             for provider in (TILEGEN_BF16, TORCH_BF16)]
+    measure_paired(benchmark, f"B9 BF16 matmul {shape.label}, alternating rounds", *cases,
+                   flops=2 * shape.m * shape.k * shape.n)
 
 
 # --------------------------------------------------------------------------- MiniLM

@@ -220,3 +220,69 @@ def measure(benchmark, group: str, provider: str, case: Case, *, units: int | No
                 case.before_each()
 
             benchmark.pedantic(case.call, setup=setup, rounds=60, warmup_rounds=3)
+
+
+# --------------------------------------------------------------------------- paired rounds
+
+PAIRED = "paired"  # extra_info key of an alternating-rounds benchmark (measure_paired)
+PAIRED_SECONDS = 2.0  # timed rounds' length per paired benchmark, about
+
+
+def paired_ratio(ours: list[float], peer: list[float], resamples: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """(median, 2.5th and 97.5th percentile of a bootstrap of the median) of the per-round
+    ratios peer / ours: how many times faster ours is, with its 95% interval."""
+    ratios = np.asarray(peer, np.float64) / np.asarray(ours, np.float64)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(ratios), size=(resamples, len(ratios)))
+    medians = np.median(ratios[picks], axis=1)
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return float(np.median(ratios)), float(low), float(high)
+
+
+def measure_paired(benchmark, group: str, ours: tuple[str, Case], peer: tuple[str, Case], *,
+                   flops: float | None = None, min_rounds: int = 20,
+                   max_rounds: int = 400) -> None:
+    """Time two providers in alternating rounds: each round calls both once, in turns of
+    ours-then-peer and peer-then-ours, each call timed on its own, so a change of the
+    machine's speed over the run (another VM on the cores, frequency) meets both alike and
+    the per-round ratio peer / ours cancels it; separate benchmarks, seconds apart, do not
+    share it. Both are guarded first. extra_info gets each side's median and the median
+    ratio with its bootstrap 95% interval (paired_ratio); the benchmark's own statistics
+    are those of a round (both calls)."""
+    (ours_name, ours_case), (peer_name, peer_case) = ours, peer
+    for name in (ours_name, peer_name):
+        if name not in PROVIDERS:
+            raise ValueError(f"unknown provider {name!r}")
+    with ours_case.context(), peer_case.context():
+        ours_case.check((ours_case.guard_call or ours_case.call)())
+        peer_case.check((peer_case.guard_call or peer_case.call)())
+        started = time.perf_counter()
+        ours_case.call()
+        peer_case.call()
+        rounds = int(min(max_rounds, max(min_rounds, PAIRED_SECONDS /
+                                         max(time.perf_counter() - started, 1e-9))))
+        times: dict[str, list[float]] = {ours_name: [], peer_name: []}
+        turn = [0]
+
+        def one_round() -> None:
+            order = ((ours_name, ours_case), (peer_name, peer_case))
+            for name, case in order if turn[0] % 2 == 0 else order[::-1]:
+                start = time.perf_counter()
+                case.call()
+                times[name].append(time.perf_counter() - start)
+            turn[0] += 1
+
+        benchmark.group = group
+        benchmark.pedantic(one_round, rounds=rounds, warmup_rounds=2, iterations=1)
+    # The warm-up rounds ran one_round too; only the timed rounds count (in the short
+    # mode, pytest-benchmark's --benchmark-disable, one untimed round ran).
+    warmup = 0 if getattr(benchmark, "disabled", False) else 2
+    ours_times, peer_times = (times[name][warmup:] for name in (ours_name, peer_name))
+    ratio, low, high = paired_ratio(ours_times, peer_times)
+    benchmark.extra_info.update({
+        "provider": f"{ours_name} vs {peer_name}", PAIRED: True, "ours": ours_name,
+        "peer": peer_name, "threads": f"{ours_case.threads} / {peer_case.threads}",
+        "ours_median": float(np.median(ours_times)),
+        "peer_median": float(np.median(peer_times)), "ratio": ratio, "ratio_low": low,
+        "ratio_high": high, **({"flops": float(flops)} if flops else {})})

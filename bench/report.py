@@ -184,6 +184,32 @@ class TimeTarget:
         return format_time(result.median), "met" if result.median <= self.at_most else "missed"
 
 
+@dataclass(frozen=True)
+class PairedTarget:
+    """`ours` at least `at_least` times as fast as `peer`, from a benchmark of alternating
+    rounds (bench.common.measure_paired): the median per-round ratio, shown with its
+    bootstrap 95% interval."""
+
+    work: str
+    group: str
+    peer: str
+    at_least: float
+
+    @property
+    def wording(self) -> str:
+        return f"≥ {self.at_least:g}× {self.peer}"
+
+    def evaluate(self, groups) -> tuple[str, str]:
+        paired = [r for r in groups.get(self.group, {}).values()
+                  if r.extra.get("paired") and r.extra.get("peer") == self.peer]
+        if not paired:
+            return "not measured", "not measured"
+        extra = paired[0].extra
+        ratio = extra["ratio"]
+        return (f"{ratio:.2f}× (95%: {extra['ratio_low']:.2f}-{extra['ratio_high']:.2f})",
+                "met" if ratio >= self.at_least else "missed")
+
+
 B1 = "B1 StoryLM-0 forward T=36"
 B1_OVERHEAD = "B1 call overhead, 9 arguments"
 B2 = "B2 StoryLM-0 training, 120 steps"
@@ -232,6 +258,10 @@ TARGETS = (
       for label, group in (("1024³", "1024^3"), ("2048³", "2048^3"),
                            ("333×1000×777", "333x1000x777"))
       for peer, at_least in (("tilegen", 1.6), ("torch-bf16", 1))),
+    *(PairedTarget(f"BF16 matmul {label}, alternating rounds (B9)",
+                   f"B9 BF16 matmul {group}, alternating rounds", "torch-bf16", 1)
+      for label, group in (("1024³", "1024^3"), ("2048³", "2048^3"),
+                           ("333×1000×777", "333x1000x777"))),
     RatioTarget("MiniLM encode 32 × 128 tokens, BF16 weights vs F32 (B9)",
                 "B9 MiniLM BF16 weights, encode 32 x 128 tokens", "tilegen", 1.3,
                 ours="tilegen-bf16"),
@@ -376,6 +406,24 @@ def _targets_section(groups) -> list[str]:
     return lines + _table(("work", "target", "measured", "verdict"), rows) + [""]
 
 
+def _paired_section(name: str, results: dict[str, Result]) -> list[str]:
+    """A group of alternating rounds: each side's median, and the per-round ratio."""
+    rows = []
+    for result in results.values():
+        extra = result.extra
+        for side in ("ours", "peer"):
+            seconds = extra[f"{side}_median"]
+            flops = extra.get("flops")
+            rows.append([extra[side], format_time(seconds), str(result.rounds),
+                         f"{flops / seconds / 1e9:.1f}" if flops else "—"])
+        rows.append([f"{extra['peer']} / {extra['ours']}, per round", f"{extra['ratio']:.3f}×",
+                     "", f"95%: {extra['ratio_low']:.3f}-{extra['ratio_high']:.3f}"])
+    return [f"### {name}", "", "Both providers in alternating rounds (one call each, the "
+            "order swapped every round); the ratio is the median of the rounds' ratios, "
+            "with a bootstrap 95% interval.", ""] + \
+        _table(("provider", "median", "rounds", "GF/s"), rows) + [""]
+
+
 def _group_section(name: str, results: dict[str, Result]) -> list[str]:
     """One table per group; the per-unit, GF/s and first-call columns appear where some row
     has them. tilegen's own rows (e.g. B6's same-process compile) get no speed-up."""
@@ -452,7 +500,8 @@ def render(run: dict) -> str:
               "group); `first call` is the provider's compile + first run, outside the "
               "median. `tilegen speed-up` = provider median / tilegen median.", ""]
     for name in ordered_groups(groups):
-        lines += _group_section(name, groups[name])
+        paired = any(r.extra.get("paired") for r in groups[name].values())
+        lines += (_paired_section if paired else _group_section)(name, groups[name])
     lines += _peers_section(groups)
     return "\n".join(lines)
 
@@ -478,6 +527,10 @@ def write_chart(run: dict, path: Path) -> None:
         results = groups[name]
         providers = sorted(results, key=_provider_key)
         medians = [results[p].median for p in providers]
+        paired = [r.extra for r in results.values() if r.extra.get("paired")]
+        if paired:  # alternating rounds: each side's median
+            providers = [paired[0]["ours"], paired[0]["peer"]]
+            medians = [paired[0]["ours_median"], paired[0]["peer_median"]]
         colors = ["tab:orange" if p.startswith("tilegen") else "tab:blue" for p in providers]
         axis.barh(providers, medians, color=colors)
         axis.set_xscale("log")

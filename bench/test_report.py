@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from bench import report
@@ -161,3 +162,35 @@ def test_a_measured_run_keeps_its_json_in_bench_results():
         import os
 
         os.unlink(config.option.benchmark_json.name)
+
+
+def test_paired_rounds_ratio_and_interval():
+    from bench.common import paired_ratio
+
+    # torch 10 % slower in every round, with noise both share: the ratio is 1.1 exactly
+    rng = np.random.default_rng(1)
+    ours = rng.uniform(1.0, 2.0, 200)
+    ratio, low, high = paired_ratio(list(ours), list(ours * 1.1))
+    assert ratio == pytest.approx(1.1) and low == pytest.approx(1.1) and \
+        high == pytest.approx(1.1)
+    # per-round ratios spread around 1: the interval holds the median and brackets 1
+    ratio, low, high = paired_ratio(list(ours), list(ours * rng.uniform(0.9, 1.1, 200)))
+    assert low <= ratio <= high and low < 1 < high and high - low < 0.05
+
+
+def test_paired_target_reads_the_alternating_rounds():
+    group = "B9 BF16 matmul 1024^3, alternating rounds"
+    run = _run()
+    run["benchmarks"].append(_bench(group, "tilegen-bf16 vs torch-bf16", 0.01, paired=True,
+                                    ours="tilegen-bf16", peer="torch-bf16",
+                                    ours_median=0.005, peer_median=0.0049, ratio=0.98,
+                                    ratio_low=0.97, ratio_high=0.995, flops=2 * 1024 ** 3))
+    groups = report.load_results(run)
+    verdicts = {(t.work, t.wording): t.evaluate(groups) for t in report.TARGETS}
+    work = "BF16 matmul 1024³, alternating rounds (B9)"
+    assert verdicts[(work, "≥ 1× torch-bf16")] == ("0.98× (95%: 0.97-0.99)", "missed")
+    assert verdicts[("BF16 matmul 2048³, alternating rounds (B9)", "≥ 1× torch-bf16")][1] == \
+        "not measured"
+    text = report.render(run)
+    assert "| tilegen-bf16 | 5 ms | 7 | 429.5 |" in text
+    assert "| torch-bf16 / tilegen-bf16, per round | 0.980× |  | 95%: 0.970-0.995 |" in text
