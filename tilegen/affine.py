@@ -8,9 +8,10 @@ those away whenever the loop ranges prove it (e.g. (4*t + 2*h + d) // 4 == t whe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .loopir import I64, Binary, Const, Expr, Var, add, mul
+from .loopir import I64, Binary, Const, Expr, Var, add, free_vars, map_children, mul, substitute
 
 
 @dataclass(frozen=True)
@@ -136,3 +137,37 @@ class IndexSimplifier:
                          else Const(0, I64))
             stride *= dim
         return tuple(reversed(index))
+
+
+def split_aligned_lanes(expr: Expr, lane: str, base: str, width: int, aligned: int,
+                        varying: frozenset[str] = frozenset()) -> Expr:
+    """`expr` for the lanes of a vector tile, lane = base + l with 0 <= l < width and
+    `base` a multiple of `aligned` (0: base is 0), with each `e // c` and `e % c` that
+    the tile's alignment decides rewritten without the lane: e = lane + r, where every
+    coefficient and the constant of r, c and `aligned` share a factor g >= width, keeps
+    e // c at its value at the base for all lanes, and e % c = (e at the base) % c + l
+    (base + r is a multiple of g, so its remainder is at most c - g, and adding l < g
+    does not carry). A reshape's `(i * 384 + k) // 32` and `k % 32` then load as one
+    contiguous vector along k instead of a gather. Anything else, and any argument with
+    another lane-varying name (`varying`), is left as it is."""
+    if not isinstance(expr, Binary):
+        return map_children(expr, lambda child: split_aligned_lanes(
+            child, lane, base, width, aligned, varying))
+    lhs = split_aligned_lanes(expr.lhs, lane, base, width, aligned, varying)
+    rhs = split_aligned_lanes(expr.rhs, lane, base, width, aligned, varying)
+    rebuilt = Binary(expr.op, lhs, rhs, expr.dtype)
+    if expr.op not in ("floordiv", "mod") or not isinstance(rhs, Const) or \
+            int(rhs.value) <= 0 or lane not in free_vars(lhs) or free_vars(lhs) & varying:
+        return rebuilt
+    affine = to_affine(lhs)
+    if affine.coefficient(lane) != 1 or any(lane in free_vars(e) for e, _ in affine.opaque):
+        return rebuilt
+    factor = math.gcd(aligned, int(rhs.value), affine.constant,
+                      *(c for name, c in affine.terms if name != lane),
+                      *(c for _, c in affine.opaque))
+    if factor < width:
+        return rebuilt
+    at_base = Binary(expr.op, substitute(lhs, {lane: Var(base)}), rhs, expr.dtype)
+    if expr.op == "floordiv":
+        return at_base
+    return add(at_base, Binary("sub", Var(lane), Var(base), I64))

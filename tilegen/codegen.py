@@ -375,10 +375,11 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
         main = loop.extent // width * width
         if main and main // width <= UNROLL_TRIPS:
             for base in range(0, main, width):
-                self._in_tile(loop.var.name, width, ir.Constant(I64, base), None, loop.body)
+                self._in_tile(loop.var.name, width, ir.Constant(I64, base), None, loop.body,
+                              aligned=width)
         elif main:
             def body(index, carried):
-                self._in_tile(loop.var.name, width, index, None, loop.body)
+                self._in_tile(loop.var.name, width, index, None, loop.body, aligned=width)
                 return carried
             self.loop(0, main, width, [], body)
         if loop.extent - main:
@@ -390,7 +391,8 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
         active = loop.extent - main
         narrow = tail_width(loop.width, active)
         mask = self._tail_mask(narrow, active) if active < narrow else None
-        self._in_tile(loop.var.name, narrow, ir.Constant(I64, main), mask, loop.body)
+        self._in_tile(loop.var.name, narrow, ir.Constant(I64, main), mask, loop.body,
+                      aligned=loop.width)
 
     def _vector_range(self, loop: L.For, first_tile, end_tile) -> None:
         """The tiles [first_tile, end_tile) of a vector loop (one thread's share): whole
@@ -402,16 +404,16 @@ class KernelCodegen(ExpressionCodegen, ReductionCodegen, MemoryCodegen):
         tiles = ir.Constant(I64, width)
 
         def body(index, carried):
-            self._in_tile(loop.var.name, width, index, None, loop.body)
+            self._in_tile(loop.var.name, width, index, None, loop.body, aligned=width)
             return carried
         self.loop(self.b.mul(first_tile, tiles), self.b.mul(stop, tiles), width, [], body)
         if loop.extent - whole * width:
             with self.b.if_then(self.b.icmp_signed(">", end_tile, ir.Constant(I64, whole))):
                 self._tail_tile(loop)
 
-    def _in_tile(self, var, width, base, mask, body) -> None:
+    def _in_tile(self, var, width, base, mask, body, aligned: int = 1) -> None:
         saved = self.lane
-        self.lane = Lane(var, width, base, mask)
+        self.lane = Lane(var, width, base, mask, aligned)
         self.push_scope()
         for inner in body:
             self.stmt(inner)

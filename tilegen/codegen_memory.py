@@ -7,7 +7,7 @@ from llvmlite import ir
 
 from . import loopir as L
 from . import storage
-from .affine import to_affine
+from .affine import split_aligned_lanes, to_affine
 from .codegen_values import I1, I32, I64, PTR, SCALAR_LLVM, Val, zeros
 
 
@@ -31,9 +31,35 @@ class MemoryCodegen:
             return ("scalar", self.expr(flat).value)
         affine = to_affine(flat)
         if any(self._depends_on_lane(e) for e, _ in affine.opaque):
-            return ("gather", self.as_vector(self.expr(flat)))
+            split = self._split_lanes(flat)
+            if split is None:
+                return ("gather", self.as_vector(self.expr(flat)))
+            return split
         coefficient = affine.coefficient(lane.var)
         base = self._uniform(flat)
+        if coefficient == 1:
+            return ("contiguous", base)
+        return ("strided", base, coefficient)
+
+    def _split_lanes(self, flat: L.Expr):
+        """The address plan of an index whose `//` and `%` of the lane variable the tile's
+        alignment decides (affine.split_aligned_lanes), or None."""
+        lane = self.lane
+        if lane.aligned == 1:
+            return None
+        base_name = f"{lane.var}.tile_base"
+        split = split_aligned_lanes(flat, lane.var, base_name, lane.width, lane.aligned,
+                                    frozenset(self.varying_names))
+        affine = to_affine(split)
+        if any(self._depends_on_lane(e) for e, _ in affine.opaque):
+            return None
+        coefficient = affine.coefficient(lane.var)
+        self.push_scope()
+        self.env[-1][base_name] = Val(lane.base, False)
+        try:
+            base = self._uniform(split)
+        finally:
+            self.pop_scope()
         if coefficient == 1:
             return ("contiguous", base)
         return ("strided", base, coefficient)

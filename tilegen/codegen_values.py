@@ -56,12 +56,15 @@ def bind_flat_index(b: ir.IRBuilder, scope: dict, variables, extents, flat) -> N
 
 @dataclass
 class Lane:
-    """The vector tile being generated: lane variable, width, scalar base index, mask."""
+    """The vector tile being generated: lane variable, width, scalar base index, mask,
+    and a number the base is known to be a multiple of (1: nothing known; 0: the base is
+    0), which lets `//` and `%` of the lane variable load contiguously (codegen_memory)."""
 
     var: str
     width: int
     base: ir.Value
     mask: ir.Value | None
+    aligned: int = 1
 
 
 @functools.cache

@@ -394,11 +394,13 @@ class _GemmEmitter:
 
     # ---- packing ------------------------------------------------------------------------------
 
-    def _tile_value(self, expr: L.Expr, lane_var: L.Var, base, mask, bindings) -> ir.Value:
-        """`expr` evaluated for lanes lane_var = base + 0..lanes-1 (inactive lanes: 0)."""
+    def _tile_value(self, expr: L.Expr, lane_var: L.Var, base, mask, bindings,
+                    aligned: int = 1) -> ir.Value:
+        """`expr` evaluated for lanes lane_var = base + 0..lanes-1 (inactive lanes: 0), base
+        a multiple of `aligned` (codegen_values.Lane)."""
         cg = self.cg
         saved = cg.lane
-        cg.lane = Lane(lane_var.name, self.lanes, base, mask)
+        cg.lane = Lane(lane_var.name, self.lanes, base, mask, aligned)
         cg.push_scope()
         for var, value in bindings:
             cg.env[-1][var.name] = Val(value, False)
@@ -513,8 +515,10 @@ class _GemmEmitter:
         def row(r, carried):
             def depth(k, carried):
                 mask = self.depth_mask(k, kc)
+                # pc is a multiple of kc, k of the vector width.
                 value = self._tile_value(g.a_elem, g.k, self.b.add(pc, k), mask,
-                                         [(g.i, self.b.add(ic, r))])
+                                         [(g.i, self.b.add(ic, r))],
+                                         aligned=math.gcd(self.tiles.kc, self.lanes))
                 self.store_packed(value, self.gep(packed, self.a_offset(r, k)))
                 return carried
             self.cg.loop(self.const(0), kc, self.lanes, [], depth)
