@@ -464,17 +464,18 @@ def test_zen4_assembly_has_vdpbf16ps_and_no_amx(tmp_path, monkeypatch, capsys):
 @pytest.mark.skipif(not ZEN4.runs_on_host, reason="this machine cannot run znver4 code")
 @pytest.mark.parametrize("batch,m,k,n,in_place", [
     ((), 333, 1000, 777, True), ((), 37, 300, 45, True), ((), 25, 514, 50, True),
-    ((3,), 37, 300, 45, True), ((2,), 12, 998, 33, True),
-    ((), 40, 2048, 50, False), ((), 37, 301, 45, False), ((), 40, 1536, 50, False)])
+    ((3,), 37, 300, 45, True), ((2,), 12, 998, 33, True), ((), 40, 1536, 50, True),
+    ((), 26, 1024, 70, True), ((), 100, 1024, 100, True),
+    ((), 40, 2048, 50, False), ((), 37, 301, 45, False)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_zen4_dot_kernel_reads_a_row_major_bf16_a_in_place(batch, m, k, n, in_place, threads,
                                                           tmp_path, monkeypatch, capsys):
-    # A plain row-major bf16 A whose rows spread over L1's sets (2000, 600, 1028, 1996
-    # bytes apart) is read where it is: the kernel's A stride is K itself, not kc rounded
-    # up to 16. Only the matrix's ragged last register block (37 = 3 x 12 + 1 rows; 25 =
-    # 2 x 12 + 1) is packed, zero rows past M. Rows 4 KB or 3 KB apart (factors 4096 and
-    # 1024: all 12 rows of a block on one or four sets), and an odd depth (a pair would
-    # reach past the row), keep A packed.
+    # A plain row-major bf16 A whose register block of 12 rows puts at most 6 on one L1
+    # set (2000, 600, 1028, 1996, 3072 and 2048 bytes apart: 1, 1, 3, 1, 3 and 6) is read
+    # where it is: the kernel's A stride is K itself, not kc rounded up to 16. Only the
+    # matrix's ragged last register block (37 = 3 x 12 + 1 rows; 25 = 2 x 12 + 1; 26 = 2 x
+    # 12 + 2) is packed, zero rows past M. Rows 4 KB apart (all 12 of a block on one set)
+    # and an odd depth (a pair would reach past the row) keep A packed.
     from tilegen.compile import main
 
     source = (f"fn f(a: {_ty((*batch, m, k))}, b: {_ty((*batch, k, n))}) -> "
@@ -498,6 +499,26 @@ def test_zen4_dot_kernel_reads_a_row_major_bf16_a_in_place(batch, m, k, n, in_pl
 
 
 def test_dot_a_in_place_rule():
-    # Row bytes with no power-of-two factor above 256 spread over L1's sets.
+    # Row bytes with no power-of-two factor above 256 spread over L1's sets (AMX's rule
+    # for its 16-row tiles).
     assert [gemm_bf16.rows_spread(2 * k) for k in (1000, 300, 514, 384, 1040, 1024, 1536)] \
         == [True, True, True, True, True, False, False]
+    # The dot kernel's: how many of a 12-row block's lines share one of L1's 64 sets,
+    # counted by hand from (row * bytes // 64) % 64.
+    assert [gemm_bf16.rows_per_set(2 * k, 12) for k in (1000, 512, 1024, 1536, 2048, 3072)] \
+        == [1, 3, 6, 3, 12, 6]
+    assert gemm_bf16.rows_per_set(4096, 1) == 1 and gemm_bf16.rows_per_set(128, 12) == 1
+
+
+def test_threads_split_columns_of_an_a_read_in_place():
+    # An A read in place costs no packing, so a square product's tie (each thread packs
+    # 1024 of A's rows and all B's columns, or the reverse) goes to the columns; a tall
+    # product whose threads would each read all of A for one panel of B stays split by rows.
+    from tilegen.gemm_tiles import splits_columns
+    from tilegen.loopir import GemmTiles
+    tiles = GemmTiles(mr=12, nr=32, kc=1024, mc=1032, nc=1024)
+    assert not splits_columns(1024, 1024, tiles, 2)
+    assert splits_columns(1024, 1024, tiles, 2, a_in_place=True)
+    assert splits_columns(1536, 1024, tiles, 2, a_in_place=True)
+    assert not splits_columns(6000, 64, tiles, 2, a_in_place=True)
+    assert not splits_columns(1024, 1024, tiles, 1, a_in_place=True)

@@ -141,7 +141,8 @@ def _run_rows_in_parallel(cg, gemm: L.Gemm, batch_values: list) -> None:
     cg.push_scope()
     for var, value in zip(gemm.batch, batch_values, strict=True):
         cg.env[-1][var.name] = _val(value)
-    if splits_columns(gemm.m, gemm.n, gemm.tiles, gemm.threads):
+    if splits_columns(gemm.m, gemm.n, gemm.tiles, gemm.threads,
+                      _emitter(cg, gemm).reads_a_in_place):
         # Wider than tall (x @ lm_head), or square over several column blocks: split the
         # columns, so each thread packs only its part of B instead of all of it.
         if _emitter(cg, gemm).hands_out_panels():
@@ -284,6 +285,10 @@ class _GemmEmitter:
 
     def a_panel_elements(self) -> int:
         return self.tiles.mc * self.a_stride
+
+    # Whether the micro-kernel reads A where it is rather than from packed panels (the
+    # vdpbf16ps emitter's dot_a_in_place), which changes how threads split (splits_columns).
+    reads_a_in_place = False
 
     def hands_out_panels(self) -> bool:
         """Whether threads that split the columns take B micro-panels one at a time from a

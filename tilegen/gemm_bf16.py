@@ -33,6 +33,7 @@ an f32 `Gemm` over the widened operands (`gemm_dtype`, `dot_available`).
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from dataclasses import replace
 
 from llvmlite import ir
@@ -63,6 +64,15 @@ AMX_MAX_KC = 1024
 # faster without packing A (one-thread timings); the dot kernel's 12 rows, 4 KB apart,
 # ran 2048^3 about 10% slower.
 SPREAD_ROW_BYTES = 256
+# The dot kernel's register block reads mr rows of A at a time, one 4-byte pair each, so
+# what matters there is how many of those rows share an L1 set: L1D has 64 sets of 64-byte
+# lines (4 KB a way) and at least 8 ways on every x86-64 core with AVX512-BF16 (Zen 4 and
+# 5: 32 KB, 8 ways; Intel: 32 KB 8-way or 48 KB 12-way). On Zen 4, two threads, ad hoc A/B
+# in one process: rows 2 KB apart (1024^3: 6 of 12 rows a set) ran in place as fast as
+# packed, and 2-2.5 % faster with the threads splitting the columns (splits_columns,
+# a_in_place); rows 4 KB apart (2048^3: all 12 on one set) ran 10 % slower.
+L1_SETS, LINE_BYTES = 64, 64
+DOT_ROWS_PER_SET = 6
 
 
 class NamedLLVMType(ir.Type):
@@ -259,15 +269,23 @@ def operand_pointer(cg, load: L.Load, at: dict):
 def dot_a_in_place(gemm: L.Gemm, buffers) -> int | None:
     """A's row stride in elements when the `vdpbf16ps` kernel broadcasts A's depth pairs
     from where A is instead of packing it: A is a plain load of a bf16 buffer, contiguous
-    along k (bf16_row_stride), its rows spread over L1's sets (rows_spread), and its depth
-    blocks start and end on whole pairs (even K, kc and row stride), so no pair reaches
-    past a block or a row. Two threads on Zen 4, ad hoc A/B against packing, torch
-    alongside: 333 x 1000 x 777 (rows 2000 bytes apart) 1.22-1.25 ms packed, 1.20-1.22 in
-    place; 2048^3 (4 KB apart, all 12 rows of a block on one set) 40.3 against 45.1."""
+    along k (bf16_row_stride), at most DOT_ROWS_PER_SET of a register block's rows share an
+    L1 set (rows_per_set), and its depth blocks start and end on whole pairs (even K, kc
+    and row stride), so no pair reaches past a block or a row. Two threads on Zen 4, ad
+    hoc A/B against packing, torch alongside: 333 x 1000 x 777 (rows 2000 bytes apart)
+    1.22-1.25 ms packed, 1.20-1.22 in place; 2048^3 (4 KB apart, all 12 rows of a block on
+    one set) 40.3 against 45.1."""
     stride = bf16_row_stride(gemm, buffers, gemm.a_elem, gemm.k, gemm.i)
     if stride is None or stride <= 0 or stride % 2 or gemm.k_extent % 2 or gemm.tiles.kc % 2:
         return None
-    return stride if rows_spread(2 * stride) else None
+    return stride if rows_per_set(2 * stride, gemm.tiles.mr) <= DOT_ROWS_PER_SET else None
+
+
+def rows_per_set(row_bytes: int, rows: int) -> int:
+    """The most of `rows` rows, row_bytes apart, whose lines at one column share an L1 set
+    (the base taken on a line's start)."""
+    sets = Counter(r * row_bytes // LINE_BYTES % L1_SETS for r in range(rows))
+    return max(sets.values())
 
 
 def rows_spread(row_bytes: int) -> bool:
@@ -299,6 +317,10 @@ class Bf16DotEmitter(_GemmEmitter):
         if self.dot_a_stride is not None:
             self.a_stride = self.dot_a_stride
         self.direct = None  # (&A[ic, pc], rows read in place): pack_a sets it
+
+    @property
+    def reads_a_in_place(self) -> bool:
+        return self.dot_a_stride is not None
 
     def a_panel_elements(self) -> int:
         if self.dot_a_stride is None:

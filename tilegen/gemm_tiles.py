@@ -69,19 +69,28 @@ def l2_column_block(n: int, nr: int, kc: int, element_bytes: int, target: Target
     return column_block(n, nr, -(-widest // nr) * nr)
 
 
-def splits_columns(m: int, n: int, tiles: L.GemmTiles, threads: int) -> bool:
+def splits_columns(m: int, n: int, tiles: L.GemmTiles, threads: int,
+                   a_in_place: bool = False) -> bool:
     """Whether one batch entry's threads split the columns (each packing all of A once per
     column block of its part, and its part of B) rather than the rows (each packing its
     rows of A once per column block of all N, and all of B): whichever packs fewer
     elements per thread, the rows on a tie. With one column block that is columns when
     n > m; with several (AMX panels of 512 columns: 1024^3 on two threads packed 1.5 M
-    elements a thread by rows, 1 M by columns, and ran ~15% faster) it can be columns."""
+    elements a thread by rows, 1 M by columns, and ran ~15% faster) it can be columns.
+
+    An A the kernel reads where it is (`a_in_place`: gemm_bf16.dot_a_in_place) is not
+    packed, only read, by every thread that needs its rows; such a read counts a quarter
+    of a packed element. On Zen 4, two threads, vdpbf16ps kernel, ad hoc A/B in one
+    process: columns ran 1024^3 2 % faster than rows, 1536 x 1000 x 1024 4 %, 2048 x 1024 x
+    512 1 %, 4096 x 1024 x 256 0.6 % (rows by this count), while 6000 x 1000 x 64, where
+    each thread reads all of A for one panel of B, ran 5 % slower."""
     if threads <= 1 or -(-n // tiles.nr) < threads:
         return False
     share = -(-n // threads)
+    a_weight, b_weight = (1, 4) if a_in_place else (1, 1)
     # Elements per thread times `threads` (the depth k is common to both and left out).
-    by_rows = -(-n // tiles.nc) * m + n * threads
-    by_columns = -(-share // tiles.nc) * m * threads + n
+    by_rows = a_weight * -(-n // tiles.nc) * m + b_weight * n * threads
+    by_columns = a_weight * -(-share // tiles.nc) * m * threads + b_weight * n
     return by_columns < by_rows
 
 
