@@ -10,10 +10,12 @@ runs the loop structure of tilegen/gemm.py (column, depth and row blocks, thread
                                        per column, nr columns per panel (zeros past N)
 
 A block's odd depth is padded with a zero row of B and a zero column of A (pack_a already
-writes zeros up to its vector width). A plain row-major bf16 A whose rows spread over L1's
-sets, with even depths, is not packed (dot_a_in_place): the kernel broadcasts its pairs
-where A is, at A's row stride, and only the matrix's ragged last register block, whose
-rows past M do not exist, is packed at that stride.
+writes zeros up to its vector width). A plain row-major bf16 A with even depths whose
+register block puts at most 6 rows on one L1 set (rows_per_set) is not packed
+(dot_a_in_place): the kernel broadcasts its pairs where A is, at A's row stride, and only
+the matrix's ragged last register block, whose rows past M do not exist, is packed at that
+stride. Such an A costs no packing, so threads split its product's columns more readily
+(gemm_tiles.splits_columns).
 
 The micro-kernel broadcasts one 32-bit pair of A per row (a 32-bit broadcast) against
 nr / 16 vectors of B pairs: mr x nr / 16 accumulators, 12 x 2 for the default 12 x 32
