@@ -74,10 +74,12 @@ def _c(value: float, like: L.Expr) -> L.Const:
 
 
 def _sigmoid_expr(x: L.Expr) -> L.Expr:
-    # 1 / (1 + e^-x): e^-x overflows to inf for x < -88 and the quotient is then 0.
-    return L.binary("div", _c(1.0, x), L.binary("add", _c(1.0, x),
-                                                L.Unary("exp", L.Unary("neg", x, x.dtype),
-                                                        x.dtype)))
+    # e / (1 + e) for x < 0 and 1 / (1 + e) otherwise, with e = e^-|x| <= 1: the plain
+    # 1 / (1 + e^-x) overflows e^-x to inf below x = -88.7 and returns 0 where sigmoid (and
+    # silu = x sigmoid(x)) still has subnormal and normal values down to x = -103.
+    e = L.Unary("exp", L.Unary("neg", L.Unary("abs", x, x.dtype), x.dtype), x.dtype)
+    numerator = L.Select(L.binary("ge", x, _c(0.0, x)), _c(1.0, x), e, x.dtype)
+    return L.binary("div", numerator, L.binary("add", _c(1.0, x), e))
 
 
 def _lowered(opname: str, x: L.Expr) -> L.Expr:
@@ -118,9 +120,12 @@ def _mlir_body(opname: str, b, v: str, scalar: str, const) -> str:
     def let(text):
         return b.let(f"{text} : {scalar}")
 
-    def sigmoid(value):
-        exp = let(f"math.exp {let(f'arith.negf {value}')}")
-        return let(f"arith.divf {const(1.0)}, {let(f'arith.addf {const(1.0)}, {exp}')}")
+    def sigmoid(value):  # the form _sigmoid_expr explains
+        magnitude = let(f"math.absf {value}")
+        e = let(f"math.exp {let(f'arith.negf {magnitude}')}")
+        positive = b.let(f"arith.cmpf oge, {value}, {const(0.0)} : {scalar}")
+        numerator = let(f"arith.select {positive}, {const(1.0)}, {e}")
+        return let(f"arith.divf {numerator}, {let(f'arith.addf {const(1.0)}, {e}')}")
     if opname == "relu":
         return let(f"arith.maximumf {v}, {const(0.0)}")
     if opname == "erf":
