@@ -24,7 +24,7 @@ from llvmlite import ir
 
 from . import dot_operands
 from .elementwise import ELEMENTWISE_OPS, I1, I64
-from .tileir import Op, element_bytes, walk
+from .tileir import Op, element_bytes, reaches_any, walk
 
 # Readers whose evaluation of a lazy load happens at their own place in the program.
 _READERS = ("tt.store", "tt.reduce", "tt.expand_dims", "tt.reshape", "tt.broadcast")
@@ -70,11 +70,9 @@ class LoadFusion:
             _evaluates_in_place(reader, op.result) for reader in readers)
 
     def holds_pending(self, value) -> bool:
-        if not self.pending or not hasattr(value, "kind"):
-            return False
-        if value.kind == "load" and id(value) in self.pending:
-            return True
-        return any(self.holds_pending(operand) for operand in value.operands)
+        return bool(self.pending) and reaches_any(
+            [value], lambda v: getattr(v, "kind", None) == "load" and id(v) in self.pending,
+            _lazy_operands)
 
     def pending_loads(self, value) -> list:
         if not hasattr(value, "kind"):
@@ -119,17 +117,18 @@ def byte_range(e, pointer_value, pointer, type_):
 
 def through_broadcast(value, load) -> bool:
     """Whether `value` reads `load` through a broadcast (at other flat positions)."""
-    if not hasattr(value, "kind") or value is load:
-        return False
-    if value.kind == "broadcast" and _reaches(value, load):
-        return True
-    return any(through_broadcast(operand, load) for operand in value.operands)
+    return reaches_any(
+        [value], lambda v: hasattr(v, "kind") and v is not load and v.kind == "broadcast"
+        and _reaches(v, load), lambda v: () if v is load else _lazy_operands(v))
 
 
 def _reaches(value, load) -> bool:
-    if value is load:
-        return True
-    return hasattr(value, "kind") and any(_reaches(operand, load) for operand in value.operands)
+    return reaches_any([value], lambda v: v is load, _lazy_operands)
+
+
+def _lazy_operands(value) -> tuple:
+    """What a lazy tile reads (nothing for a tile already in registers or memory)."""
+    return value.operands if hasattr(value, "kind") else ()
 
 
 def guarded_store(e, op: Op, emit_store) -> None:

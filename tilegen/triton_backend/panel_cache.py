@@ -101,6 +101,7 @@ class _Key:
         self.invariant = _ProgramInvariant(program, body.args[0].id)
         self.position: int | None = None
         self.values: list = []
+        self.pure: set[int] = set()  # ids of the loop's values found pure of what it may read
 
     def reads(self, value) -> bool:
         if value.id == self.body.args[0].id or any(value.id == kept.id
@@ -115,9 +116,14 @@ class _Key:
             return True
         op = self.defined.get(value.id)
         if op is not None:
+            if value.id in self.pure:
+                return True  # read along another path already (see reaches_any on DAGs)
             if op.regions or not (op.name.startswith(PURE_PREFIXES) or op.name in PURE_OPS):
                 return False
-            return all(self.reads(operand) for operand in op.operands)
+            if not all(self.reads(operand) for operand in op.operands):
+                return False
+            self.pure.add(value.id)
+            return True
         if value.id in self.nested:
             return False
         if not self.invariant(value):

@@ -35,7 +35,7 @@ to the frame right after F (the same copy as before, one sweep later).
 from __future__ import annotations
 
 from .elementwise import ELEMENTWISE_OPS
-from .tileir import Block, Op
+from .tileir import Block, Op, reaches_any
 
 _SWEEPS = ("tt.reduce", "tt.store")
 
@@ -134,11 +134,11 @@ class SharedFills:
 
     def _reaches(self, value, target: int) -> bool:
         """Whether `value` is computed from the value `target` through elementwise ops."""
-        if value.id == target:
-            return True
-        definer = self.definer.get(value.id)
-        return definer is not None and definer.name in ELEMENTWISE_OPS and any(
-            self._reaches(operand, target) for operand in definer.operands)
+        def below(v):
+            definer = self.definer.get(v.id)
+            return definer.operands if definer is not None and \
+                definer.name in ELEMENTWISE_OPS else ()
+        return reaches_any([value], lambda v: v.id == target, below)
 
     def begin(self, e, op: Op) -> None:
         for _, lazy, tile in self.planned.get(id(op), ()):
@@ -172,7 +172,5 @@ def _sweeps(op: Op, value) -> bool:
 
 def _through_maps(value, target) -> bool:
     """Whether `value` reads `target` through elementwise (same-position) lazies only."""
-    if value is target:
-        return True
-    return getattr(value, "kind", None) == "map" and any(
-        _through_maps(operand, target) for operand in value.operands)
+    return reaches_any([value], lambda v: v is target,
+                       lambda v: v.operands if getattr(v, "kind", None) == "map" else ())

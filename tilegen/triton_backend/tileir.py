@@ -127,6 +127,23 @@ def walk(block: Block):
             yield from walk(region)
 
 
+def reaches_any(roots, found, below) -> bool:
+    """Whether a node reachable from `roots` (roots included) satisfies `found`, where
+    `below(node)` gives the nodes to go on to (none: stop there). Each node is visited once:
+    values and lazy tiles form DAGs in which one value read twice (`y = y * 0.5 + y`
+    unrolled, tl.sort's bitonic network) makes a walk over paths take 2^depth steps."""
+    stack, seen = list(roots), set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if found(node):
+            return True
+        stack.extend(below(node))
+    return False
+
+
 # ---- printer --------------------------------------------------------------------------------
 
 def format_program(program: Program) -> str:

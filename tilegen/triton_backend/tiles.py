@@ -15,7 +15,7 @@ from . import (
     sibling_reductions,
 )
 from .elementwise import I32, I64, PTR, bf16_to_f32, of_width, scalar_type
-from .tileir import TileType, element_bytes
+from .tileir import TileType, element_bytes, reaches_any
 
 
 def _const(value: int) -> ir.Constant:
@@ -487,17 +487,20 @@ class _Carried:
 def _same_index_only(lazy, own: int, slots: set[int]) -> bool:
     """Whether chunk i of `lazy` reads its own slot only at chunk i (elementwise chains,
     views) and no other carried slot, so it may be written into its slot chunk by chunk."""
-    if hasattr(lazy, "offset"):
-        return lazy.offset == own or lazy.offset not in slots
-    if lazy.kind == "broadcast":  # reads other positions of its source
-        return _reads_no_slot(lazy, slots)
-    return all(_same_index_only(operand, own, slots) for operand in lazy.operands)
+    def other_position(v) -> bool:
+        if hasattr(v, "offset"):
+            return v.offset != own and v.offset in slots
+        # a broadcast reads other positions of its source
+        return v.kind == "broadcast" and not _reads_no_slot(v, slots)
+
+    def below(v):
+        return () if hasattr(v, "offset") or v.kind == "broadcast" else v.operands
+    return not reaches_any([lazy], other_position, below)
 
 
 def _reads_no_slot(lazy, slots: set[int]) -> bool:
-    if hasattr(lazy, "offset"):
-        return lazy.offset not in slots
-    return all(_reads_no_slot(operand, slots) for operand in lazy.operands)
+    return not reaches_any([lazy], lambda v: hasattr(v, "offset") and v.offset in slots,
+                           lambda v: () if hasattr(v, "offset") else v.operands)
 
 
 def _copy(e, source, target) -> None:
