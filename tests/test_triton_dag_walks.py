@@ -1,9 +1,9 @@
 """Kernels whose values form deep DAGs with shared operands compile in time linear in the
 DAG: the backend's analyses (fused_loads, shared_fills, tiles, panel_cache) once walked
 every path from a value down to a load, 2^depth of them when each step reads the previous
-value twice. A generated kernel around tl.sort (a bitonic network) compiled for over 15
-minutes without finishing. Each case runs in a child process with a generous time limit, so
-a regression fails the test instead of hanging the run."""
+value twice. A generated kernel around tl.sort (a bitonic network; the second case here)
+compiled for over 15 minutes without finishing. Each case runs in a child process with a
+generous time limit, so a regression fails the test instead of hanging the run."""
 
 from __future__ import annotations
 
@@ -60,21 +60,28 @@ print("ok")
 
 SORT = """
 @triton.jit
-def sort_rows(x_ptr, out_ptr, N: tl.constexpr, DESCENDING: tl.constexpr):
+def sort_rows(w_ptr, x_ptr, out_ptr, z_ptr, N: tl.constexpr, DESCENDING: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, N)
+    w = tl.load(w_ptr + row * N + offs)  # four readers before the sort's reductions
+    z = (w + 1.0) * (w - 2.0) + w * w
     x = tl.load(x_ptr + row * N + offs)
-    y = tl.sort(x * 2.0 + 1.0, descending=DESCENDING)
+    y = tl.sort(x * 2.0 + 1.0, descending=DESCENDING)  # a bitonic network of shared DAGs
     tl.store(out_ptr + row * N + offs, y - tl.max(y, axis=0))
+    tl.store(z_ptr + row * N + offs, z + w)  # and one after
 
 
-for n in (64, 128):
+for n in (32, 64):
     for descending in (False, True):
-        x = torch.randn(5, n, generator=torch.Generator().manual_seed(n))
-        out = torch.empty_like(x)
-        sort_rows[(5,)](x, out, N=n, DESCENDING=descending)
+        generator = torch.Generator().manual_seed(n)
+        w, x = torch.randn(5, n, generator=generator), torch.randn(5, n, generator=generator)
+        out, z = torch.empty_like(x), torch.empty_like(x)
+        sort_rows[(5,)](w, x, out, z, N=n, DESCENDING=descending)
         y = torch.sort(x * 2 + 1, dim=1, descending=descending).values
         assert torch.equal(out, y - y.max(dim=1, keepdim=True).values), (n, descending)
+        wide = w.double()
+        assert torch.allclose(z.double(), (wide + 1) * (wide - 2) + wide * wide + wide,
+                              rtol=1e-6, atol=1e-6)
 print("ok")
 """
 
