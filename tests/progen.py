@@ -12,8 +12,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SIZES = (1, 2, 3, 4, 5, 7, 8, 16, 17, 31, 33)
-MAX_ELEMENTS = 6000
+
+@dataclass(frozen=True)
+class Sizes:
+    """The extents a program's dims are drawn from, and the most elements a tensor may have."""
+    dims: tuple[int, ...]
+    max_elements: int
+
+
+SMALL = Sizes((1, 2, 3, 4, 5, 7, 8, 16, 17, 31, 33), 6000)
+# Big enough for the parallel loops, packed products and fused attention's blocks: a
+# campaign at these sizes found silu(-89) = -0 (the interpreter: -1.98e-37).
+LARGE = Sizes((1, 3, 17, 31, 33, 63, 65, 100, 129, 257), 300_000)
 
 
 @dataclass
@@ -42,8 +52,9 @@ def _type(t: _Tensor) -> str:
 
 
 class _Builder:
-    def __init__(self, rng: np.random.Generator):
+    def __init__(self, rng: np.random.Generator, sizes: Sizes):
         self.rng = rng
+        self.sizes = sizes
         self.params: list[_Tensor] = []
         self.inputs: list[np.ndarray] = []
         self.lines: list[str] = []
@@ -58,8 +69,8 @@ class _Builder:
     def shape(self, rank: int | None = None) -> tuple[int, ...]:
         rank = int(self.rng.integers(1, 4)) if rank is None else rank
         while True:
-            shape = tuple(int(self.rng.choice(SIZES)) for _ in range(rank))
-            if _numel(shape) <= MAX_ELEMENTS:
+            shape = tuple(int(self.rng.choice(self.sizes.dims)) for _ in range(rank))
+            if _numel(shape) <= self.sizes.max_elements:
                 return shape
 
     def param(self, shape, dtype="F32", limit=0, positive=False) -> _Tensor:
@@ -167,10 +178,10 @@ class _Builder:
         target = list(a.shape)
         for axis, dim in enumerate(target):
             if dim == 1 and self.rng.random() < 0.7:
-                target[axis] = int(self.rng.choice(SIZES))
+                target[axis] = int(self.rng.choice(self.sizes.dims))
         if self.rng.random() < 0.5:
-            target.insert(0, int(self.rng.choice(SIZES[:6])))
-        if _numel(target) > MAX_ELEMENTS:
+            target.insert(0, int(self.rng.choice(self.sizes.dims[:6])))
+        if _numel(target) > self.sizes.max_elements:
             return
         self.let(f"broadcast({a.name}, {target})", tuple(target), positive=a.positive,
                  op="broadcast")
@@ -193,21 +204,22 @@ class _Builder:
         a = self.pick(predicate=lambda t: 2 <= len(t.shape) <= 4)
         if a is None:
             a = self.param(self.shape(2))
-        n = int(self.rng.choice(SIZES))
+        n = int(self.rng.choice(self.sizes.dims))
         b_shape = a.shape[:-2] + (a.shape[-1], n)
-        if _numel(b_shape) > MAX_ELEMENTS or _numel(a.shape[:-1] + (n,)) > MAX_ELEMENTS:
+        limit = self.sizes.max_elements
+        if _numel(b_shape) > limit or _numel(a.shape[:-1] + (n,)) > limit:
             return
         b = self.pick(predicate=lambda t: t.shape == b_shape) or self.param(b_shape)
         self.let(f"matmul({a.name}, {b.name})", a.shape[:-1] + (n,), op="matmul")
 
     def _gather(self):
         ids = self.pick("I64", predicate=lambda t: len(t.shape) <= 2)
-        rows = int(self.rng.choice(SIZES))
+        rows = int(self.rng.choice(self.sizes.dims))
         if ids is None:
             ids = self.param(self.shape(int(self.rng.integers(1, 3))), "I64", limit=rows)
         rows = max(rows, ids.limit)
-        width = int(self.rng.choice(SIZES))
-        if _numel(ids.shape) * width > MAX_ELEMENTS:
+        width = int(self.rng.choice(self.sizes.dims))
+        if _numel(ids.shape) * width > self.sizes.max_elements:
             return
         table = self.param((rows, width))
         self.let(f"gather({table.name}, {ids.name})", ids.shape + (width,), op="gather")
@@ -215,9 +227,9 @@ class _Builder:
     def _one_hot(self):
         ids = self.pick("I64", predicate=lambda t: len(t.shape) <= 2)
         if ids is None:
-            ids = self.param(self.shape(1), "I64", limit=int(self.rng.choice(SIZES)))
-        n = max(ids.limit, int(self.rng.choice(SIZES)))
-        if _numel(ids.shape) * n > MAX_ELEMENTS:
+            ids = self.param(self.shape(1), "I64", limit=int(self.rng.choice(self.sizes.dims)))
+        n = max(ids.limit, int(self.rng.choice(self.sizes.dims)))
+        if _numel(ids.shape) * n > self.sizes.max_elements:
             return
         self.let(f"one_hot({ids.name}, {n})", ids.shape + (n,), op="one_hot")
 
@@ -256,7 +268,7 @@ class _Builder:
         a = self.pick(predicate=lambda t: len(t.shape) >= 1)
         axis = int(self.rng.integers(len(a.shape)))
         extent = a.shape[axis]
-        if self.rng.random() < 0.5 and 2 * _numel(a.shape) <= MAX_ELEMENTS:
+        if self.rng.random() < 0.5 and 2 * _numel(a.shape) <= self.sizes.max_elements:
             b = self.pick(predicate=lambda t: t.shape == a.shape) or self.param(a.shape)
             shape = a.shape[:axis] + (2 * extent,) + a.shape[axis + 1:]
             self.let(f"concat({a.name}, {b.name}, axis={axis})", shape, op="concat")
@@ -277,8 +289,9 @@ class _Builder:
                  op="argmax")
 
 
-def generate_program(rng: np.random.Generator, steps: int | None = None) -> GeneratedProgram:
-    builder = _Builder(rng)
+def generate_program(rng: np.random.Generator, steps: int | None = None,
+                     sizes: Sizes = SMALL) -> GeneratedProgram:
+    builder = _Builder(rng, sizes)
     builder.param(builder.shape())
     for _ in range(steps if steps is not None else int(rng.integers(2, 9))):
         builder.step()
